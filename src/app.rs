@@ -1,0 +1,187 @@
+//! Wiring: build the store, gate, upstream client and both listeners from a [`Config`], then serve
+//! until a shutdown future resolves, draining held and in-flight requests.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use hyper::service::service_fn;
+use tokio::net::TcpListener;
+
+use crate::config::{Config, StoreBackend};
+use crate::gate::Gate;
+use crate::http::admin::Admin;
+use crate::http::proxy::Proxy;
+use crate::store::{MemoryStore, MonotonicClock, Store};
+use crate::telemetry::Metrics;
+use crate::upstream::{HttpClient, Timeouts, UpstreamClient};
+
+/// Why the application could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The configured store cannot be used.
+    #[error("store: {0}")]
+    Store(String),
+}
+
+/// The parts a test (or an embedding program) may replace.
+pub struct Parts {
+    /// Where bucket state lives.
+    pub store: Arc<dyn Store>,
+    /// How requests reach providers.
+    pub upstream: Arc<dyn UpstreamClient>,
+}
+
+/// A built, bound, not yet running tollgate.
+pub struct App {
+    config: Config,
+    proxy_listener: TcpListener,
+    admin_listener: TcpListener,
+    proxy: Arc<Proxy>,
+    metrics: Arc<Metrics>,
+}
+
+impl App {
+    /// Builds the configured store and upstream client, and binds both listeners.
+    pub async fn build(config: Config) -> Result<App, AppError> {
+        let store: Arc<dyn Store> = match config.store.backend {
+            StoreBackend::Memory => Arc::new(MemoryStore::new(Arc::new(MonotonicClock::new()))),
+            StoreBackend::Redis => {
+                return Err(AppError::Store(
+                    "backend \"redis\" is not available in this build yet; use \"memory\"".into(),
+                ))
+            }
+        };
+        let upstream = Arc::new(HttpClient::new(Timeouts {
+            connect: config.server.upstream_connect_timeout,
+            response: config.server.upstream_timeout,
+        }));
+        App::build_with(config, Parts { store, upstream }).await
+    }
+
+    /// Binds both listeners around the given parts.
+    pub async fn build_with(config: Config, parts: Parts) -> Result<App, AppError> {
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| AppError::Bind { addr, source })
+        };
+        let proxy_listener = bind(config.server.listen).await?;
+        let admin_listener = bind(config.server.admin_listen).await?;
+        let metrics = Arc::new(Metrics::new());
+        let proxy = Arc::new(Proxy::new(
+            &config.buckets,
+            Gate::new(parts.store),
+            parts.upstream,
+            &metrics,
+            config.server.max_wait,
+        ));
+        Ok(App {
+            config,
+            proxy_listener,
+            admin_listener,
+            proxy,
+            metrics,
+        })
+    }
+
+    /// The proxy listener's address (useful with port 0).
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_listener
+            .local_addr()
+            .unwrap_or(self.config.server.listen)
+    }
+
+    /// The admin listener's address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener
+            .local_addr()
+            .unwrap_or(self.config.server.admin_listen)
+    }
+
+    /// The metrics registry.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains held and in-flight requests for up to
+    /// `server.shutdown_grace`. The admin listener answers until the drain is over.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
+        let grace = self.config.server.shutdown_grace;
+        tracing::info!(
+            proxy = %self.proxy_addr(),
+            admin = %self.admin_addr(),
+            store = self.proxy.gate().store().backend(),
+            buckets = self.config.buckets.len(),
+            "tollgate is serving"
+        );
+        let proxy = self.proxy.clone();
+        let proxy_service = service_fn(move |req| {
+            let proxy = proxy.clone();
+            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+        });
+        let admin = Arc::new(Admin::new(self.proxy.clone(), self.metrics.clone()));
+        let admin_service = service_fn(move |req| {
+            let admin = admin.clone();
+            async move { Ok::<_, Infallible>(admin.handle(req).await) }
+        });
+
+        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin_task = tokio::spawn(crate::http::serve(
+            self.admin_listener,
+            admin_service,
+            async {
+                let _ = admin_stopped.await;
+            },
+            grace,
+        ));
+        let drained = crate::http::serve(
+            self.proxy_listener,
+            proxy_service,
+            async {
+                shutdown.await;
+                tracing::info!(grace = ?grace, "shutting down: no new connections; draining held and in-flight requests");
+            },
+            grace,
+        )
+        .await;
+        if drained {
+            tracing::info!("drained; exiting");
+        } else {
+            tracing::warn!(grace = ?grace, "shutdown grace elapsed with requests still open; exiting anyway");
+        }
+        let _ = admin_stop.send(());
+        let _ = admin_task.await;
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

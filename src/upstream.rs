@@ -1,0 +1,94 @@
+//! The upstream seam: send a request to a provider (http or https via rustls) and return its answer,
+//! bodies streamed both ways. Connect and response-header deadlines live here.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// Why an upstream call produced no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// No connection could be made (refused, DNS, TLS, connect timeout).
+    #[error("cannot connect to upstream: {0}")]
+    Connect(String),
+    /// The upstream did not answer within the response deadline.
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The connection broke before an answer arrived.
+    #[error("upstream request failed: {0}")]
+    Failed(String),
+}
+
+/// Sends one request upstream.
+#[async_trait]
+pub trait UpstreamClient: Send + Sync + 'static {
+    /// Sends `req` (absolute URI, headers ready) and returns the response with its body still streaming.
+    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError>;
+}
+
+/// Upstream deadlines.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// For opening the TCP connection.
+    pub connect: Duration,
+    /// For the response headers.
+    pub response: Duration,
+}
+
+/// A pooled hyper client speaking HTTP/1.1 over TCP or rustls (webpki roots).
+pub struct HttpClient {
+    client: Client<HttpsConnector<HttpConnector>, Incoming>,
+    timeouts: Timeouts,
+}
+
+impl HttpClient {
+    /// Builds the client and its connection pool.
+    pub fn new(timeouts: Timeouts) -> HttpClient {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(timeouts.connect));
+        http.set_nodelay(true);
+        // rustls is built with ring only, so its default provider needs no installing.
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        HttpClient { client, timeouts }
+    }
+}
+
+#[async_trait]
+impl UpstreamClient for HttpClient {
+    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError> {
+        match tokio::time::timeout(self.timeouts.response, self.client.request(req)).await {
+            Err(_) => Err(UpstreamError::Timeout(self.timeouts.response)),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(error_chain(&e))),
+            Ok(Err(e)) => Err(UpstreamError::Failed(error_chain(&e))),
+        }
+    }
+}
+
+/// An error and its sources on one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
