@@ -218,10 +218,10 @@ impl Limit {
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
 pub enum LimitError {
     /// Rate not a positive finite number.
-    #[error("rate must be > 0, got {0}")]
+    #[error("must be > 0 tokens per second, got {0}")]
     Rate(f64),
     /// Capacity below one token.
-    #[error("capacity must be >= 1, got {0}")]
+    #[error("must be >= 1 token, got {0}")]
     Capacity(f64),
 }
 
@@ -436,7 +436,7 @@ impl Config {
     /// A readable table of the resolved buckets and the store, as `tollgate check` prints it.
     pub fn summary(&self) -> String {
         let mut out = format!(
-            "config {} is valid\nstore: {} ({}), fallback: {:?} with expected_replicas = {}\n\n",
+            "config {} is valid\nstore: {} ({}), fallback: {} with expected_replicas = {}\n\n",
             self.source,
             match self.store.backend {
                 StoreBackend::Memory => "memory".to_string(),
@@ -446,7 +446,11 @@ impl Config {
                 ClockSource::Redis => "clock: redis",
                 ClockSource::Local => "clock: local",
             },
-            self.fallback.mode,
+            match self.fallback.mode {
+                FallbackMode::Local => "local",
+                FallbackMode::Closed => "closed",
+                FallbackMode::Open => "open",
+            },
             self.fallback.expected_replicas
         );
         let rows: Vec<[String; 5]> = self
@@ -925,11 +929,11 @@ rate = 30
             ),
             (
                 "[providers.a]\nupstream = \"http://a\"\nrate = 0\n",
-                "providers.a.rate: rate must be > 0, got 0",
+                "providers.a.rate: must be > 0 tokens per second, got 0",
             ),
             (
                 "[providers.a]\nupstream = \"http://a\"\nrate = 1\ncapacity = 0.5\n",
-                "providers.a.capacity: capacity must be >= 1",
+                "providers.a.capacity: must be >= 1 token, got 0.5",
             ),
             (
                 "[server]\nmax_wait = \"soon\"\n[providers.a]\nupstream = \"http://a\"\nrate = 1\n",
