@@ -1,1 +1,9 @@
-//! Integration tests.
+//! Integration tests: real tollgate, real fake provider, real sockets (and real Redis where needed).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod config_files;
+mod forwarding;
+mod lifecycle;
+mod limiting;
