@@ -13,7 +13,7 @@ use crate::config::{Config, StoreBackend};
 use crate::gate::Gate;
 use crate::http::admin::Admin;
 use crate::http::proxy::Proxy;
-use crate::store::{MemoryStore, MonotonicClock, Store};
+use crate::store::{Bucket, FallbackStore, MemoryStore, MonotonicClock, Store};
 use crate::telemetry::Metrics;
 use crate::upstream::{HttpClient, Timeouts, UpstreamClient};
 
@@ -78,9 +78,24 @@ impl App {
         let proxy_listener = bind(config.server.listen).await?;
         let admin_listener = bind(config.server.admin_listen).await?;
         let metrics = Arc::new(Metrics::new());
+        let store: Arc<dyn Store> = if parts.store.can_fail() {
+            let buckets = config
+                .buckets
+                .iter()
+                .map(|b| (Bucket::from(b), metrics.bucket(&b.name()).fallback_active))
+                .collect();
+            Arc::new(FallbackStore::new(
+                parts.store,
+                config.fallback.clone(),
+                buckets,
+                metrics.clone(),
+            ))
+        } else {
+            parts.store
+        };
         let proxy = Arc::new(Proxy::new(
             &config.buckets,
-            Gate::new(parts.store),
+            Gate::new(store),
             parts.upstream,
             &metrics,
             config.server.max_wait,

@@ -147,7 +147,9 @@ mod tests {
         for (i, task) in tasks.into_iter().enumerate() {
             let released = task.await.expect("task");
             let expected = start + Duration::from_secs_f64((i + 1) as f64 / 20.0);
-            let error = released.duration_since(expected).max(expected.duration_since(released));
+            let error = released
+                .duration_since(expected)
+                .max(expected.duration_since(released));
             worst = worst.max(error);
         }
         assert!(

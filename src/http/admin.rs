@@ -58,6 +58,7 @@ impl Admin {
                 "ready": true,
                 "store": {
                     "backend": store.backend(),
+                    "mode": store.mode(),
                     "reachable": reachable.is_ok(),
                     "error": reachable.err().map(|e| e.message),
                 },
@@ -82,6 +83,7 @@ impl Admin {
                 "held": b.metrics.held.get(),
                 "upstream_429": b.metrics.upstream_429.get(),
                 "store": store.backend(),
+                "store_mode": store.mode(),
             }));
         }
         json_response(StatusCode::OK, &serde_json::json!({ "buckets": list }))

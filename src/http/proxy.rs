@@ -57,10 +57,7 @@ impl Proxy {
             .map(|b| {
                 let name = b.name();
                 BucketEntry {
-                    store: Bucket {
-                        key: b.key().into(),
-                        limit: b.limit,
-                    },
+                    store: Bucket::from(b),
                     metrics: metrics.bucket(&name),
                     // Names are [a-z0-9_:-] and authorities are valid URI parts: both are valid header values.
                     name: HeaderValue::from_str(&name)

@@ -78,4 +78,12 @@ impl Store for MemoryStore {
     fn backend(&self) -> &'static str {
         "memory"
     }
+
+    fn mode(&self) -> &'static str {
+        "memory"
+    }
+
+    fn can_fail(&self) -> bool {
+        false
+    }
 }

@@ -6,13 +6,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::config::Limit;
+use crate::config::{BucketConfig, Limit};
 
 pub mod bucket;
 pub mod clock;
+pub mod fallback;
 pub mod memory;
 
 pub use clock::{Clock, MonotonicClock, WallClock};
+pub use fallback::FallbackStore;
 pub use memory::MemoryStore;
 
 /// What a store needs to know of a bucket: its key and its limit.
@@ -22,6 +24,15 @@ pub struct Bucket {
     pub key: Arc<str>,
     /// Rate and capacity.
     pub limit: Limit,
+}
+
+impl From<&BucketConfig> for Bucket {
+    fn from(b: &BucketConfig) -> Bucket {
+        Bucket {
+            key: b.key().into(),
+            limit: b.limit,
+        }
+    }
 }
 
 /// A granted reservation: when the caller may go, and its number for giving it back.
@@ -88,4 +99,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// The backend's name, for logs and `/buckets`.
     fn backend(&self) -> &'static str;
+
+    /// Who is limiting right now (`shared`, or a fallback mode), for `/readyz` and `/buckets`.
+    fn mode(&self) -> &'static str {
+        "shared"
+    }
+
+    /// Whether calls can fail (a remote store), so the app wraps it in a fallback.
+    fn can_fail(&self) -> bool {
+        true
+    }
 }
