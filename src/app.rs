@@ -15,7 +15,7 @@ use crate::http::admin::Admin;
 use crate::http::proxy::Proxy;
 use crate::store::{Bucket, FallbackStore, MemoryStore, MonotonicClock, Store};
 use crate::telemetry::Metrics;
-use crate::upstream::{HttpClient, Timeouts, UpstreamClient};
+use crate::upstream::{GuardedResolver, HttpClient, Timeouts, UpstreamClient};
 
 /// Why the application could not start.
 #[derive(Debug, thiserror::Error)]
@@ -61,10 +61,19 @@ impl App {
                 ))
             }
         };
-        let upstream = Arc::new(HttpClient::new(Timeouts {
-            connect: config.server.upstream_connect_timeout,
-            response: config.server.upstream_timeout,
-        }));
+        let allow_private = config
+            .buckets
+            .iter()
+            .filter(|b| b.allow_private)
+            .map(|b| b.upstream.host().to_ascii_lowercase())
+            .collect();
+        let upstream = Arc::new(HttpClient::new(
+            Timeouts {
+                connect: config.server.upstream_connect_timeout,
+                response: config.server.upstream_timeout,
+            },
+            GuardedResolver::new(allow_private),
+        ));
         App::build_with(config, Parts { store, upstream }).await
     }
 

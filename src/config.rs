@@ -801,6 +801,28 @@ fn validate_raw(file: &str, raw: RawConfig) -> Result<Config, (String, String)> 
         }
     }
 
+    // The guard works per host name (and pooled connections are shared per host), so one host cannot be
+    // both allowed and refused private addresses.
+    for (i, a) in buckets.iter().enumerate() {
+        if let Some(b) = buckets[..i].iter().find(|b| {
+            b.upstream.host().eq_ignore_ascii_case(a.upstream.host())
+                && b.allow_private != a.allow_private
+        }) {
+            let at = match &a.region {
+                Some(r) => format!("providers.{}.regions.{r}.allow_private", a.provider),
+                None => format!("providers.{}.allow_private", a.provider),
+            };
+            return Err((
+                at,
+                format!(
+                    "differs from bucket {} for the same host {}; set it the same on every bucket of a host",
+                    b.name(),
+                    a.upstream.host()
+                ),
+            ));
+        }
+    }
+
     Ok(Config {
         source: file.to_string(),
         server,

@@ -1,14 +1,19 @@
-//! Request → bucket: the base-URL prefix `/{provider}[/{region}]` and the `X-Tollgate-Region` header.
-//! Names come from config only; nothing here does I/O.
+//! Request → bucket: the base-URL prefix `/{provider}[/{region}]`, the host of an absolute-form
+//! (forward-proxy) request, and the `X-Tollgate-Region` header. Names and hosts come from config only;
+//! nothing here does I/O.
 
 use std::collections::BTreeMap;
 
 use crate::config::BucketConfig;
 
-/// Maps provider and region names to bucket indices (positions in the config's bucket list).
+/// Maps provider and region names, and upstream hosts, to bucket indices (positions in the config's list).
 #[derive(Debug, Clone, Default)]
 pub struct Router {
     providers: BTreeMap<String, ProviderRoutes>,
+    /// Lowercase host → (port it must have, if any; bucket index).
+    hosts: BTreeMap<String, Vec<(Option<u16>, usize)>>,
+    /// Bucket index → its region, for choosing among buckets sharing a host.
+    regions: Vec<Option<String>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -24,6 +29,8 @@ pub struct Route<'a> {
     pub bucket: usize,
     /// The rest of the path, still percent-encoded as received (`""` or starting with `/`).
     pub rest: &'a str,
+    /// Forward-proxy mode: `rest` is the whole path, sent without the upstream's base path.
+    pub absolute: bool,
 }
 
 /// Why a request matched no bucket (answered 404 with what is configured).
@@ -50,6 +57,12 @@ pub enum RouteError {
         /// The provider's configured regions.
         known: Vec<String>,
     },
+    /// An absolute-form request for a host that no bucket serves (answered 403: not an open relay).
+    #[error("host {host:?} is not a configured upstream; tollgate only forwards to configured providers")]
+    HostNotAllowed {
+        /// The host asked for.
+        host: String,
+    },
     /// The provider has only regional buckets and the request named none.
     #[error("provider {provider:?} needs a region (in the path or X-Tollgate-Region); configured: {}", known.join(", "))]
     RegionRequired {
@@ -72,7 +85,26 @@ impl Router {
     /// Builds the routing table from the configured buckets.
     pub fn new(buckets: &[BucketConfig]) -> Router {
         let mut providers: BTreeMap<String, ProviderRoutes> = BTreeMap::new();
+        let mut hosts: BTreeMap<String, Vec<(Option<u16>, usize)>> = BTreeMap::new();
         for (i, b) in buckets.iter().enumerate() {
+            let upstream_port = b.upstream.authority.port_u16().unwrap_or(
+                if b.upstream.scheme == http::uri::Scheme::HTTPS {
+                    443
+                } else {
+                    80
+                },
+            );
+            hosts
+                .entry(b.upstream.host().to_ascii_lowercase())
+                .or_default()
+                .push((Some(upstream_port), i));
+            for extra in &b.hosts {
+                let (host, port) = match extra.rsplit_once(':') {
+                    Some((h, p)) if p.parse::<u16>().is_ok() => (h, p.parse::<u16>().ok()),
+                    _ => (extra.as_str(), None),
+                };
+                hosts.entry(host.to_string()).or_default().push((port, i));
+            }
             let p = providers.entry(b.provider.clone()).or_default();
             match &b.region {
                 None => p.own = Some(i),
@@ -81,7 +113,67 @@ impl Router {
                 }
             }
         }
-        Router { providers }
+        let regions = buckets.iter().map(|b| b.region.clone()).collect();
+        Router {
+            providers,
+            hosts,
+            regions,
+        }
+    }
+
+    /// Routes an absolute-form request (`GET http://host[:port]/path`) by its host: a configured
+    /// upstream's host (the port, when given, must match it) or one of a bucket's extra `hosts`.
+    pub fn route_host<'a>(
+        &self,
+        host: &str,
+        port: Option<u16>,
+        path: &'a str,
+        region_header: Option<&str>,
+    ) -> Result<Route<'a>, RouteError> {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let mut candidates: Vec<usize> = self
+            .hosts
+            .get(&host)
+            .into_iter()
+            .flatten()
+            .filter(|(want, _)| want.is_none() || port.is_none() || *want == port)
+            .map(|&(_, i)| i)
+            .collect();
+        candidates.sort_unstable();
+        candidates.dedup();
+        let route = |bucket| Route {
+            bucket,
+            rest: path,
+            absolute: true,
+        };
+        let region = region_header.map(str::trim).filter(|r| !r.is_empty());
+        match (candidates.as_slice(), region) {
+            ([], _) => Err(RouteError::HostNotAllowed { host }),
+            (_, Some(region)) => candidates
+                .iter()
+                .find(|&&i| self.regions[i].as_deref() == Some(&region.to_ascii_lowercase()))
+                .map(|&i| route(i))
+                .ok_or_else(|| RouteError::UnknownRegion {
+                    provider: host.clone(),
+                    region: region.to_string(),
+                    known: candidates
+                        .iter()
+                        .filter_map(|&i| self.regions[i].clone())
+                        .collect(),
+                }),
+            ([only], None) => Ok(route(*only)),
+            (_, None) => candidates
+                .iter()
+                .find(|&&i| self.regions[i].is_none())
+                .map(|&i| route(i))
+                .ok_or_else(|| RouteError::RegionRequired {
+                    provider: host.clone(),
+                    known: candidates
+                        .iter()
+                        .filter_map(|&i| self.regions[i].clone())
+                        .collect(),
+                }),
+        }
     }
 
     /// Routes a base-URL-mode path (`/{provider}[/{region}]/rest`), with an optional region header.
@@ -109,12 +201,17 @@ impl Router {
                 return Ok(Route {
                     bucket: i,
                     rest: after_region,
+                    absolute: false,
                 });
             }
         }
         if let Some(region) = region_header.map(str::trim).filter(|r| !r.is_empty()) {
             return match routes.regions.get(&region.to_ascii_lowercase()) {
-                Some(&i) => Ok(Route { bucket: i, rest }),
+                Some(&i) => Ok(Route {
+                    bucket: i,
+                    rest,
+                    absolute: false,
+                }),
                 None => Err(RouteError::UnknownRegion {
                     provider,
                     region: region.to_string(),
@@ -123,7 +220,11 @@ impl Router {
             };
         }
         match routes.own {
-            Some(i) => Ok(Route { bucket: i, rest }),
+            Some(i) => Ok(Route {
+                bucket: i,
+                rest,
+                absolute: false,
+            }),
             None => Err(RouteError::RegionRequired {
                 provider,
                 known: routes.regions.keys().cloned().collect(),
@@ -176,21 +277,24 @@ rate = 1
             r.route("/nominatim/search", None),
             Ok(Route {
                 bucket: 4,
-                rest: "/search"
+                rest: "/search",
+                absolute: false
             })
         );
         assert_eq!(
             r.route("/nominatim", None),
             Ok(Route {
                 bucket: 4,
-                rest: ""
+                rest: "",
+                absolute: false
             })
         );
         assert_eq!(
             r.route("/nominatim/a%2Fb/%20x", None),
             Ok(Route {
                 bucket: 4,
-                rest: "/a%2Fb/%20x"
+                rest: "/a%2Fb/%20x",
+                absolute: false
             })
         );
     }
@@ -202,14 +306,16 @@ rate = 1
             r.route("/geo/eu/v1/x", None),
             Ok(Route {
                 bucket: 1,
-                rest: "/v1/x"
+                rest: "/v1/x",
+                absolute: false
             })
         );
         assert_eq!(
             r.route("/geo/us", None),
             Ok(Route {
                 bucket: 2,
-                rest: ""
+                rest: "",
+                absolute: false
             })
         );
         // Not a region: the provider's own bucket, segment kept.
@@ -217,7 +323,8 @@ rate = 1
             r.route("/geo/search", None),
             Ok(Route {
                 bucket: 0,
-                rest: "/search"
+                rest: "/search",
+                absolute: false
             })
         );
     }
@@ -229,14 +336,16 @@ rate = 1
             r.route("/geo/search", Some("us")),
             Ok(Route {
                 bucket: 2,
-                rest: "/search"
+                rest: "/search",
+                absolute: false
             })
         );
         assert_eq!(
             r.route("/geo/eu/search", Some("us")),
             Ok(Route {
                 bucket: 1,
-                rest: "/search"
+                rest: "/search",
+                absolute: false
             })
         );
         assert!(matches!(
@@ -267,9 +376,78 @@ rate = 1
             r.route("/llm/eu/v1", None),
             Ok(Route {
                 bucket: 3,
-                rest: "/v1"
+                rest: "/v1",
+                absolute: false
             })
         );
+    }
+
+    #[test]
+    fn absolute_form_requests_route_by_upstream_host_and_port() {
+        let r = router();
+        let route = r
+            .route_host("nominatim.example", None, "/search?q=1", None)
+            .expect("route");
+        assert_eq!(
+            route,
+            Route {
+                bucket: 4,
+                rest: "/search?q=1",
+                absolute: true
+            }
+        );
+        // The upstream is https (443): an explicit other port does not match.
+        assert!(r
+            .route_host("nominatim.example", Some(443), "/", None)
+            .is_ok());
+        assert!(matches!(
+            r.route_host("nominatim.example", Some(8080), "/", None),
+            Err(RouteError::HostNotAllowed { .. })
+        ));
+        assert_eq!(
+            r.route_host("EU.LLM.example.", None, "/", None)
+                .map(|r| r.bucket),
+            Ok(3)
+        );
+    }
+
+    #[test]
+    fn a_host_shared_by_several_buckets_uses_the_region_header_or_the_provider_bucket() {
+        let r = router();
+        // geo, geo:eu and geo:us all use api.geo.example.
+        assert_eq!(
+            r.route_host("api.geo.example", None, "/", None)
+                .map(|r| r.bucket),
+            Ok(0)
+        );
+        assert_eq!(
+            r.route_host("api.geo.example", None, "/", Some("us"))
+                .map(|r| r.bucket),
+            Ok(2)
+        );
+        assert!(matches!(
+            r.route_host("api.geo.example", None, "/", Some("mars")),
+            Err(RouteError::UnknownRegion { .. })
+        ));
+    }
+
+    #[test]
+    fn unconfigured_hosts_are_not_allowed() {
+        let r = router();
+        for host in [
+            "169.254.169.254",
+            "localhost",
+            "evil.example",
+            "nominatim.example.evil.com",
+        ] {
+            assert!(
+                matches!(
+                    r.route_host(host, None, "/", None),
+                    Err(RouteError::HostNotAllowed { .. })
+                ),
+                "{host}"
+            );
+        }
     }
 
     #[test]
@@ -279,7 +457,8 @@ rate = 1
             r.route("/GEO/EU/x", None),
             Ok(Route {
                 bucket: 1,
-                rest: "/x"
+                rest: "/x",
+                absolute: false
             })
         );
     }

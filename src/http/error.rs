@@ -57,6 +57,7 @@ impl ProxyError {
     /// The status code, chosen by who failed.
     pub fn status(&self) -> StatusCode {
         match self {
+            ProxyError::Route(RouteError::HostNotAllowed { .. }) => StatusCode::FORBIDDEN,
             ProxyError::Route(_) => StatusCode::NOT_FOUND,
             ProxyError::NotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::BadRequest(_) | ProxyError::CostOverCapacity { .. } => {
@@ -72,6 +73,7 @@ impl ProxyError {
     /// The short machine-readable reason (JSON `error` field and `X-Tollgate-Reason`).
     pub fn reason(&self) -> &'static str {
         match self {
+            ProxyError::Route(RouteError::HostNotAllowed { .. }) => "host-not-allowed",
             ProxyError::Route(_) => "unknown-route",
             ProxyError::NotAllowed(_) => "method-not-allowed",
             ProxyError::BadRequest(_) => "bad-request",

@@ -15,7 +15,7 @@ use super::headers::{strip_hop_by_hop, strip_tollgate};
 use super::{Body, HEADER_BUCKET, HEADER_COST, HEADER_MAX_WAIT, HEADER_REGION, HEADER_WAIT_MS};
 use crate::config::BucketConfig;
 use crate::gate::{Gate, GateError};
-use crate::route::Router;
+use crate::route::{Route, Router};
 use crate::store::{Bucket, Refusal};
 use crate::telemetry::{BucketMetrics, Metrics, Outcome};
 use crate::upstream::{UpstreamClient, UpstreamError};
@@ -132,11 +132,23 @@ impl Proxy {
             Some(client) => client.min(self.max_wait),
             None => self.max_wait,
         };
-        let route = self.router.route(req.uri().path(), region)?;
+        let route = match (req.uri().host(), req.uri().scheme_str()) {
+            // Absolute form: a worker using tollgate as its HTTP_PROXY.
+            (Some(host), Some("http" | "https")) => {
+                self.router
+                    .route_host(host, req.uri().port_u16(), req.uri().path(), region)?
+            }
+            (Some(_), _) => {
+                return Err(ProxyError::BadRequest(
+                    "absolute-form requests must use http:// URLs".into(),
+                ))
+            }
+            (None, _) => self.router.route(req.uri().path(), region)?,
+        };
         let index = route.bucket;
         *bucket_out = Some(index);
         let entry = &self.buckets[index];
-        let uri = upstream_uri(&entry.config, route.rest, req.uri().query())?;
+        let uri = upstream_uri(&entry.config, &route, req.uri().query())?;
 
         // Reserve, then hold. If the client goes away meanwhile, this future is dropped: the ticket gives
         // its slot back and the Holding guard counts the cancellation.
@@ -272,9 +284,19 @@ fn parse_max_wait(value: Option<&HeaderValue>) -> Result<Option<Duration>, Proxy
     })
 }
 
-/// The upstream URI: the bucket's base plus the rest of the path and the query, byte for byte.
-fn upstream_uri(bucket: &BucketConfig, rest: &str, query: Option<&str>) -> Result<Uri, ProxyError> {
-    let base = &bucket.upstream.base_path;
+/// The upstream URI: the bucket's base path (base-URL mode only) plus the rest of the path and the
+/// query, byte for byte.
+fn upstream_uri(
+    bucket: &BucketConfig,
+    route: &Route<'_>,
+    query: Option<&str>,
+) -> Result<Uri, ProxyError> {
+    let base = if route.absolute {
+        ""
+    } else {
+        bucket.upstream.base_path.as_str()
+    };
+    let rest = route.rest;
     let mut pq =
         String::with_capacity(base.len() + rest.len() + query.map_or(0, |q| q.len() + 1) + 1);
     pq.push_str(base);
@@ -310,19 +332,37 @@ mod tests {
 
     #[test]
     fn upstream_uri_keeps_path_and_query_bytes() {
+        let based = |rest| Route {
+            bucket: 0,
+            rest,
+            absolute: false,
+        };
         let b = bucket("https://api.example/v1/");
-        let uri = upstream_uri(&b, "/search/a%2Fb", Some("q=S%C3%A3o+Paulo&x=%20")).expect("uri");
+        let uri =
+            upstream_uri(&b, &based("/search/a%2Fb"), Some("q=S%C3%A3o+Paulo&x=%20")).expect("uri");
         assert_eq!(
             uri.to_string(),
             "https://api.example/v1/search/a%2Fb?q=S%C3%A3o+Paulo&x=%20"
         );
+        // Forward-proxy mode sends the request's own path, without the base path.
+        let absolute = Route {
+            bucket: 0,
+            rest: "/v1/search",
+            absolute: true,
+        };
+        assert_eq!(
+            upstream_uri(&b, &absolute, None).expect("uri").to_string(),
+            "https://api.example/v1/search"
+        );
         let b = bucket("http://127.0.0.1:9");
         assert_eq!(
-            upstream_uri(&b, "", None).expect("uri").to_string(),
+            upstream_uri(&b, &based(""), None).expect("uri").to_string(),
             "http://127.0.0.1:9/"
         );
         assert_eq!(
-            upstream_uri(&b, "", Some("a=1")).expect("uri").to_string(),
+            upstream_uri(&b, &based(""), Some("a=1"))
+                .expect("uri")
+                .to_string(),
             "http://127.0.0.1:9/?a=1"
         );
     }

@@ -4,6 +4,7 @@
 mod support;
 
 mod config_files;
+mod forward_proxy;
 mod forwarding;
 mod lifecycle;
 mod limiting;

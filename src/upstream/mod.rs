@@ -11,6 +11,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+pub mod address;
+
+pub use address::GuardedResolver;
+
 /// Why an upstream call produced no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -43,14 +47,14 @@ pub struct Timeouts {
 
 /// A pooled hyper client speaking HTTP/1.1 over TCP or rustls (webpki roots).
 pub struct HttpClient {
-    client: Client<HttpsConnector<HttpConnector>, Incoming>,
+    client: Client<HttpsConnector<HttpConnector<GuardedResolver>>, Incoming>,
     timeouts: Timeouts,
 }
 
 impl HttpClient {
-    /// Builds the client and its connection pool.
-    pub fn new(timeouts: Timeouts) -> HttpClient {
-        let mut http = HttpConnector::new();
+    /// Builds the client and its connection pool; names resolve through `resolver`.
+    pub fn new(timeouts: Timeouts, resolver: GuardedResolver) -> HttpClient {
+        let mut http = HttpConnector::new_with_resolver(resolver);
         http.enforce_http(false);
         http.set_connect_timeout(Some(timeouts.connect));
         http.set_nodelay(true);
