@@ -12,7 +12,8 @@ use tokio::net::TcpListener;
 use crate::config::{Config, StoreBackend};
 use crate::gate::Gate;
 use crate::http::admin::Admin;
-use crate::http::proxy::Proxy;
+use crate::http::proxy::{Limits, Proxy};
+use crate::http::ConnLimits;
 use crate::store::{Bucket, FallbackStore, MemoryStore, MonotonicClock, Store};
 use crate::telemetry::Metrics;
 use crate::upstream::{GuardedResolver, HttpClient, Timeouts, UpstreamClient};
@@ -107,7 +108,12 @@ impl App {
             Gate::new(store),
             parts.upstream,
             &metrics,
-            config.server.max_wait,
+            Limits {
+                max_wait: config.server.max_wait,
+                max_held: config.server.max_held,
+                max_held_per_bucket: config.server.max_held_per_bucket,
+                max_body_bytes: config.server.max_body_bytes,
+            },
         ));
         Ok(App {
             config,
@@ -160,8 +166,14 @@ impl App {
         });
 
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let conn_limits = ConnLimits {
+            max_headers: self.config.server.max_headers,
+            max_header_bytes: self.config.server.max_header_bytes,
+            header_read_timeout: self.config.server.header_read_timeout,
+        };
         let admin_task = tokio::spawn(crate::http::serve(
             self.admin_listener,
+            ConnLimits::default(),
             admin_service,
             async {
                 let _ = admin_stopped.await;
@@ -170,6 +182,7 @@ impl App {
         ));
         let drained = crate::http::serve(
             self.proxy_listener,
+            conn_limits,
             proxy_service,
             async {
                 shutdown.await;

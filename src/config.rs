@@ -74,6 +74,18 @@ pub struct ServerConfig {
     pub upstream_connect_timeout: Duration,
     /// Deadline for an upstream's response headers (the body streams without one).
     pub upstream_timeout: Duration,
+    /// Most requests held at once, in total (past it: 503).
+    pub max_held: usize,
+    /// Most requests held at once in one bucket (past it: 503).
+    pub max_held_per_bucket: usize,
+    /// Largest request body accepted (past it: 413); `None`: no limit.
+    pub max_body_bytes: Option<u64>,
+    /// Most request headers (past it: 431).
+    pub max_headers: usize,
+    /// Largest request head in bytes (past it: 431).
+    pub max_header_bytes: usize,
+    /// Deadline for a client to send a request's headers, and for an idle keep-alive connection.
+    pub header_read_timeout: Duration,
 }
 
 /// Which store keeps the buckets.
@@ -338,6 +350,12 @@ struct RawServer {
     shutdown_grace: Option<String>,
     upstream_connect_timeout: Option<String>,
     upstream_timeout: Option<String>,
+    max_held: Option<i64>,
+    max_held_per_bucket: Option<i64>,
+    max_body_bytes: Option<i64>,
+    max_headers: Option<i64>,
+    max_header_bytes: Option<i64>,
+    header_read_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -584,6 +602,27 @@ fn duration(
     }
 }
 
+/// A whole number of at least `min`.
+fn count(
+    key: &str,
+    value: Option<i64>,
+    default: usize,
+    min: usize,
+) -> Result<usize, (String, String)> {
+    let Some(n) = value else {
+        return Ok(default);
+    };
+    usize::try_from(n)
+        .ok()
+        .filter(|&n| n >= min)
+        .ok_or_else(|| {
+            (
+                key.to_string(),
+                format!("must be a whole number >= {min}, got {n}"),
+            )
+        })
+}
+
 /// One of a fixed set of words.
 fn choice<T: Copy>(
     key: &str,
@@ -654,7 +693,28 @@ fn validate_raw(file: &str, raw: RawConfig) -> Result<Config, (String, String)> 
             s.upstream_timeout.as_deref(),
             Duration::from_secs(60),
         )?,
+        max_held: count("server.max_held", s.max_held, 10_000, 1)?,
+        max_held_per_bucket: count(
+            "server.max_held_per_bucket",
+            s.max_held_per_bucket,
+            10_000,
+            1,
+        )?,
+        max_body_bytes: s
+            .max_body_bytes
+            .map(|n| count("server.max_body_bytes", Some(n), 0, 1).map(|n| n as u64))
+            .transpose()?,
+        max_headers: count("server.max_headers", s.max_headers, 100, 1)?,
+        max_header_bytes: count("server.max_header_bytes", s.max_header_bytes, 65_536, 8_192)?,
+        header_read_timeout: duration(
+            "server.header_read_timeout",
+            s.header_read_timeout.as_deref(),
+            Duration::from_secs(30),
+        )?,
     };
+    if server.header_read_timeout.is_zero() {
+        return Err(("server.header_read_timeout".into(), "must be > 0".into()));
+    }
     if server.upstream_connect_timeout.is_zero() {
         return Err((
             "server.upstream_connect_timeout".into(),

@@ -39,6 +39,15 @@ pub enum ProxyError {
         /// The bucket's capacity.
         capacity: f64,
     },
+    /// Too many requests are held already (in the bucket or in total).
+    #[error("too many requests are held already; retry shortly")]
+    TooManyHeld,
+    /// The request body is over `server.max_body_bytes`.
+    #[error("the request body is larger than the limit of {limit} bytes (chunked bodies are refused when a limit is set)")]
+    BodyTooLarge {
+        /// The limit.
+        limit: u64,
+    },
     /// The store could not be asked and the fallback refuses.
     #[error("the rate-limit store is unavailable")]
     Unavailable,
@@ -64,7 +73,8 @@ impl ProxyError {
                 StatusCode::BAD_REQUEST
             }
             ProxyError::MaxWait { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Unavailable | ProxyError::TooManyHeld => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ProxyError::UpstreamConnect | ProxyError::UpstreamFailed => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -80,6 +90,8 @@ impl ProxyError {
             ProxyError::MaxWait { .. } => "max-wait",
             ProxyError::CostOverCapacity { .. } => "cost-over-capacity",
             ProxyError::Unavailable => "store-unavailable",
+            ProxyError::TooManyHeld => "too-many-held",
+            ProxyError::BodyTooLarge { .. } => "body-too-large",
             ProxyError::UpstreamConnect => "upstream-connect",
             ProxyError::UpstreamTimeout(_) => "upstream-timeout",
             ProxyError::UpstreamFailed => "upstream-failed",
@@ -101,7 +113,7 @@ impl ProxyError {
             ProxyError::MaxWait { wait, max_wait } => {
                 Some(wait.saturating_sub(*max_wait).as_secs_f64().ceil().max(1.0) as u64)
             }
-            ProxyError::Unavailable => Some(1),
+            ProxyError::Unavailable | ProxyError::TooManyHeld => Some(1),
             _ => None,
         };
         if let Some(secs) = retry_after {

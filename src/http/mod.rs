@@ -37,12 +37,35 @@ pub const HEADER_MAX_WAIT: &str = "x-tollgate-max-wait";
 /// Request header giving the request's cost in tokens (default 1).
 pub const HEADER_COST: &str = "x-tollgate-cost";
 
-/// HTTP/1 connection settings shared by both listeners.
-pub fn http1_builder() -> http1::Builder {
+/// Connection-level limits, enforced by hyper before a request reaches a service.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// Most request headers (past it: 431).
+    pub max_headers: usize,
+    /// Largest request head in bytes (past it: 431).
+    pub max_header_bytes: usize,
+    /// Deadline for a request's headers, idle keep-alive included (slow-loris).
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        ConnLimits {
+            max_headers: 100,
+            max_header_bytes: 65_536,
+            header_read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// HTTP/1 connection settings.
+pub fn http1_builder(limits: ConnLimits) -> http1::Builder {
     let mut b = http1::Builder::new();
-    // A timer lets hyper enforce its header-read timeout (slow-loris).
+    // hyper enforces the header-read timeout only with a timer.
     b.timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
+        .header_read_timeout(limits.header_read_timeout)
+        .max_headers(limits.max_headers)
+        .max_buf_size(limits.max_header_bytes.max(8192))
         .keep_alive(true);
     b
 }
@@ -51,6 +74,7 @@ pub fn http1_builder() -> http1::Builder {
 /// for up to `grace`. Returns whether everything finished in time.
 pub async fn serve<S>(
     listener: TcpListener,
+    limits: ConnLimits,
     service: S,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
@@ -62,7 +86,7 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let builder = http1_builder();
+    let builder = http1_builder(limits);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {

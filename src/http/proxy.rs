@@ -1,6 +1,7 @@
 //! The proxy service: route → gate → forward → observe. Each step lives in its own module; this file
 //! only strings them together and records what happened.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ pub struct BucketEntry {
     pub name: HeaderValue,
     /// The upstream's authority, as the `Host` header value.
     host: HeaderValue,
+    /// Requests reserving or held in this bucket right now.
+    held: AtomicUsize,
 }
 
 /// Everything the proxy service shares across requests.
@@ -40,7 +43,22 @@ pub struct Proxy {
     buckets: Vec<BucketEntry>,
     gate: Gate,
     upstream: Arc<dyn UpstreamClient>,
-    max_wait: Duration,
+    limits: Limits,
+    /// Requests reserving or held across all buckets right now.
+    held: AtomicUsize,
+}
+
+/// Request-path limits, all answered before a token is taken.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Longest a request may be held.
+    pub max_wait: Duration,
+    /// Most requests held at once, in total.
+    pub max_held: usize,
+    /// Most requests held at once in one bucket.
+    pub max_held_per_bucket: usize,
+    /// Largest request body accepted, if limited.
+    pub max_body_bytes: Option<u64>,
 }
 
 impl Proxy {
@@ -50,7 +68,7 @@ impl Proxy {
         gate: Gate,
         upstream: Arc<dyn UpstreamClient>,
         metrics: &Metrics,
-        max_wait: Duration,
+        limits: Limits,
     ) -> Proxy {
         let entries = buckets
             .iter()
@@ -65,6 +83,7 @@ impl Proxy {
                     host: HeaderValue::from_str(b.upstream.authority.as_str())
                         .unwrap_or(HeaderValue::from_static("invalid")),
                     config: b.clone(),
+                    held: AtomicUsize::new(0),
                 }
             })
             .collect();
@@ -73,7 +92,8 @@ impl Proxy {
             buckets: entries,
             gate,
             upstream,
-            max_wait,
+            limits,
+            held: AtomicUsize::new(0),
         }
     }
 
@@ -97,7 +117,7 @@ impl Proxy {
                 if let Some(entry) = entry {
                     entry.metrics.outcome(match &e {
                         ProxyError::MaxWait { .. } => Outcome::MaxWait,
-                        ProxyError::Unavailable => Outcome::Unavailable,
+                        ProxyError::Unavailable | ProxyError::TooManyHeld => Outcome::Unavailable,
                         ProxyError::UpstreamConnect
                         | ProxyError::UpstreamTimeout(_)
                         | ProxyError::UpstreamFailed => Outcome::UpstreamError,
@@ -129,8 +149,8 @@ impl Proxy {
         let region = header_str(headers.get(HEADER_REGION), HEADER_REGION)?;
         let cost = parse_cost(headers.get(HEADER_COST))?;
         let max_wait = match parse_max_wait(headers.get(HEADER_MAX_WAIT))? {
-            Some(client) => client.min(self.max_wait),
-            None => self.max_wait,
+            Some(client) => client.min(self.limits.max_wait),
+            None => self.limits.max_wait,
         };
         let route = match (req.uri().host(), req.uri().scheme_str()) {
             // Absolute form: a worker using tollgate as its HTTP_PROXY.
@@ -149,6 +169,21 @@ impl Proxy {
         *bucket_out = Some(index);
         let entry = &self.buckets[index];
         let uri = upstream_uri(&entry.config, &route, req.uri().query())?;
+        if let Some(limit) = self.limits.max_body_bytes {
+            let declared = req
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > limit)
+                || (declared.is_none()
+                    && req.headers().contains_key(http::header::TRANSFER_ENCODING))
+            {
+                return Err(ProxyError::BodyTooLarge { limit });
+            }
+        }
+        let mut holding =
+            Holding::try_start(entry, &self.held, &self.limits).ok_or(ProxyError::TooManyHeld)?;
 
         // Reserve, then hold. If the client goes away meanwhile, this future is dropped: the ticket gives
         // its slot back and the Holding guard counts the cancellation.
@@ -168,7 +203,7 @@ impl Proxy {
                 return Err(ProxyError::Unavailable);
             }
         };
-        let holding = Holding::start(&entry.metrics);
+        holding.held();
         ticket.hold().await;
         holding.finish();
         let waited = arrived.elapsed();
@@ -187,6 +222,9 @@ impl Proxy {
                 UpstreamError::Connect(_) => ProxyError::UpstreamConnect,
                 UpstreamError::Timeout(d) => ProxyError::UpstreamTimeout(d),
                 UpstreamError::Failed(_) => ProxyError::UpstreamFailed,
+                UpstreamError::RequestBody(_) => {
+                    ProxyError::BadRequest("the request body could not be read".into())
+                }
             }
         })?;
 
@@ -212,31 +250,57 @@ impl Proxy {
     }
 }
 
-/// Counts a held request in the gauge; if dropped before [`Holding::finish`], the client went away.
+/// A request's place among the held: counted against the limits from before its reservation until it
+/// leaves the gate. Dropped while held, it counts as cancelled (the client went away).
 struct Holding<'a> {
-    metrics: &'a BucketMetrics,
-    done: bool,
+    entry: &'a BucketEntry,
+    total: &'a AtomicUsize,
+    held: bool,
 }
 
 impl<'a> Holding<'a> {
-    fn start(metrics: &'a BucketMetrics) -> Holding<'a> {
-        metrics.held.inc();
-        Holding {
-            metrics,
-            done: false,
+    /// Takes a place, or `None` when the bucket or the whole proxy holds its maximum already.
+    fn try_start(
+        entry: &'a BucketEntry,
+        total: &'a AtomicUsize,
+        limits: &Limits,
+    ) -> Option<Holding<'a>> {
+        if total.fetch_add(1, Ordering::AcqRel) >= limits.max_held {
+            total.fetch_sub(1, Ordering::AcqRel);
+            return None;
         }
+        if entry.held.fetch_add(1, Ordering::AcqRel) >= limits.max_held_per_bucket {
+            entry.held.fetch_sub(1, Ordering::AcqRel);
+            total.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Holding {
+            entry,
+            total,
+            held: false,
+        })
     }
 
+    /// The reservation was granted: the request now waits for its slot.
+    fn held(&mut self) {
+        self.held = true;
+        self.entry.metrics.held.inc();
+    }
+
+    /// The slot has come.
     fn finish(mut self) {
-        self.done = true;
+        self.entry.metrics.held.dec();
+        self.held = false;
     }
 }
 
 impl Drop for Holding<'_> {
     fn drop(&mut self) {
-        self.metrics.held.dec();
-        if !self.done {
-            self.metrics.outcome(Outcome::Cancelled);
+        self.entry.held.fetch_sub(1, Ordering::AcqRel);
+        self.total.fetch_sub(1, Ordering::AcqRel);
+        if self.held {
+            self.entry.metrics.held.dec();
+            self.entry.metrics.outcome(Outcome::Cancelled);
         }
     }
 }

@@ -24,6 +24,9 @@ pub enum UpstreamError {
     /// The upstream did not answer within the response deadline.
     #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
+    /// The client's request body could not be read (malformed chunking, client gone).
+    #[error("the request body could not be read: {0}")]
+    RequestBody(String),
     /// The connection broke before an answer arrived.
     #[error("upstream request failed: {0}")]
     Failed(String),
@@ -80,9 +83,24 @@ impl UpstreamClient for HttpClient {
             Err(_) => Err(UpstreamError::Timeout(self.timeouts.response)),
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(error_chain(&e))),
+            Ok(Err(e)) if is_body_error(&e) => Err(UpstreamError::RequestBody(error_chain(&e))),
             Ok(Err(e)) => Err(UpstreamError::Failed(error_chain(&e))),
         }
     }
+}
+
+/// Whether the failure came from reading the request body we were forwarding (the client's fault).
+fn is_body_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            if h.is_user() || h.is_parse() || h.is_incomplete_message() {
+                return true;
+            }
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// An error and its sources on one line.

@@ -6,5 +6,6 @@ mod support;
 mod config_files;
 mod forward_proxy;
 mod forwarding;
+mod hardening;
 mod lifecycle;
 mod limiting;

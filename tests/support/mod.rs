@@ -4,5 +4,6 @@
 
 pub mod client;
 pub mod fake_provider;
+pub mod raw_provider;
 pub mod tollgate;
 pub mod window;
