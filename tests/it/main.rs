@@ -9,3 +9,4 @@ mod forwarding;
 mod hardening;
 mod lifecycle;
 mod limiting;
+mod properties;
