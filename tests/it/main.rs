@@ -1,1 +1,6 @@
 //! Integration tests.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod store_suite;

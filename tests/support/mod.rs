@@ -1,0 +1,3 @@
+//! Support code for the integration tests: real processes on ephemeral loopback ports.
+
+pub mod redis_server;
