@@ -380,6 +380,74 @@ mod redis_only {
         assert_eq!(store_calls(&info), vec![("evalsha".to_string(), N + 3)]);
     }
 
+    /// A small deterministic generator (xorshift64*), so a failure replays exactly.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_scripts_decide_exactly_as_the_memory_store_on_random_schedules() {
+        let redis = RedisServer::start();
+        let clock = ManualClock::at(T0);
+        let memory = MemoryStore::new(clock.clone());
+        let remote = redis_store(&redis.url(), "local", clock.clone());
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for (rate, capacity) in [
+            (10.0, 5.0),
+            (3.0, 2.0),
+            (0.5, 4.0),
+            (1000.0, 50.0),
+            (7.3, 1.5),
+        ] {
+            let b = bucket(&format!("diff-{rate}-{capacity}"), rate, capacity);
+            // The memory store creates a bucket's state even on a call refused for its cost (the
+            // script writes nothing then), which only moves where its seq starts: so open each
+            // bucket with a grant, after which both must agree on everything, seq included.
+            let first = memory.acquire(&b, 1.0, LONG).await.expect("memory");
+            assert_eq!(remote.acquire(&b, 1.0, LONG).await.expect("redis"), first);
+            let mut grants: Vec<(Grant, f64)> = Vec::new();
+            for step in 0..250 {
+                match rng.below(10) {
+                    // Time moves on, by nothing to a few seconds; now and then a caller lags.
+                    0..=2 => clock.advance(Duration::from_micros(rng.below(3 * SEC))),
+                    3 => clock.set(clock.now_micros() - rng.below(2 * SEC)),
+                    _ => {}
+                }
+                if rng.below(5) == 0 && !grants.is_empty() {
+                    // Give back the latest grant, or an older one that no longer can be.
+                    let index = grants.len() - 1 - rng.below(grants.len().min(3) as u64) as usize;
+                    let (grant, cost) = grants[index];
+                    let want = memory.give_back(&b, grant, cost).await.expect("memory");
+                    let got = remote.give_back(&b, grant, cost).await.expect("redis");
+                    assert_eq!(got, want, "give_back at step {step} of {b:?}");
+                    if want {
+                        grants.truncate(index);
+                    }
+                    continue;
+                }
+                let cost = [0.5, 1.0, 1.0, 2.0, capacity, capacity + 1.0][rng.below(6) as usize];
+                let max_wait = [0, 250_000, SEC, 5 * SEC][rng.below(4) as usize];
+                let max_wait = Duration::from_micros(max_wait);
+                let want = memory.acquire(&b, cost, max_wait).await.expect("memory");
+                let got = remote.acquire(&b, cost, max_wait).await.expect("redis");
+                assert_eq!(got, want, "acquire {cost} at step {step} of {b:?}");
+                if let Decision::Granted(grant) = want {
+                    grants.push((grant, cost));
+                }
+                let want = memory.tokens(&b).await.expect("memory");
+                let got = remote.tokens(&b).await.expect("redis");
+                assert_eq!(got, want, "tokens at step {step} of {b:?}");
+            }
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn flushing_the_script_cache_mid_run_causes_no_error() {
         let h = redis_local();
