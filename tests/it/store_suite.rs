@@ -47,7 +47,7 @@ impl Clock for ManualClock {
 struct Harness {
     store: Arc<dyn Store>,
     clock: Arc<ManualClock>,
-    _redis: Option<RedisServer>,
+    redis: Option<RedisServer>,
 }
 
 /// An arbitrary, realistic start: about 2026 in Unix microseconds.
@@ -58,7 +58,7 @@ fn memory() -> Harness {
     Harness {
         store: Arc::new(MemoryStore::new(clock.clone())),
         clock,
-        _redis: None,
+        redis: None,
     }
 }
 
@@ -69,7 +69,7 @@ fn redis_local() -> Harness {
     Harness {
         store: Arc::new(store),
         clock,
-        _redis: Some(redis),
+        redis: Some(redis),
     }
 }
 
@@ -347,7 +347,7 @@ mod redis_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn each_acquire_is_exactly_one_script_call_and_nothing_else() {
         let h = redis_local();
-        let redis = h._redis.as_ref().expect("redis harness");
+        let redis = h.redis.as_ref().expect("redis harness");
         let b = bucket("count", 10.0, 3.0);
         // The first use of each script connects and loads it (EVALSHA, NOSCRIPT, SCRIPT LOAD,
         // EVALSHA); what is counted is the steady state after that.
@@ -451,7 +451,7 @@ mod redis_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn flushing_the_script_cache_mid_run_causes_no_error() {
         let h = redis_local();
-        let redis = h._redis.as_ref().expect("redis harness");
+        let redis = h.redis.as_ref().expect("redis harness");
         let b = bucket("flush", 10.0, 2.0);
         let mut waits = Vec::new();
         for i in 0..6 {
@@ -478,7 +478,7 @@ mod redis_only {
         let mut h = redis_local();
         let b = bucket("down", 10.0, 2.0);
         granted(h.store.acquire(&b, 1.0, LONG).await);
-        h._redis.as_mut().expect("redis harness").stop();
+        h.redis.as_mut().expect("redis harness").stop();
         for _ in 0..3 {
             let started = tokio::time::Instant::now();
             let e = h
@@ -498,7 +498,7 @@ mod redis_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paused_redis_is_a_down_redis_and_then_answers_again() {
         let h = redis_local();
-        let redis = h._redis.as_ref().expect("redis harness");
+        let redis = h.redis.as_ref().expect("redis harness");
         let b = bucket("slow", 10.0, 2.0);
         granted(h.store.acquire(&b, 1.0, LONG).await);
         redis.pause(ms(600));
@@ -530,7 +530,7 @@ mod redis_only {
         for t in tasks {
             t.await.expect("task");
         }
-        let redis = h._redis.as_mut().expect("redis harness");
+        let redis = h.redis.as_mut().expect("redis harness");
         let port = redis.port();
 
         // Down, a failed call, then up again.
@@ -559,7 +559,7 @@ mod redis_only {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_bucket_is_one_hash_tagged_key_that_expires_once_full_again() {
         let h = redis_local();
-        let redis = h._redis.as_ref().expect("redis harness");
+        let redis = h.redis.as_ref().expect("redis harness");
         let config = Config::from_toml(
             "test.toml",
             "[providers.geo]\nupstream = \"http://127.0.0.1:1\"\n\
