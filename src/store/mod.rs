@@ -1,5 +1,5 @@
 //! The store seam: where bucket state lives. The gate talks only to [`Store`]; the memory store and
-//! (later) the Redis store implement it with the same reservation semantics (`bucket.rs`).
+//! the Redis store implement it with the same reservation semantics (`bucket.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,10 +12,12 @@ pub mod bucket;
 pub mod clock;
 pub mod fallback;
 pub mod memory;
+pub mod redis;
 
 pub use clock::{Clock, MonotonicClock, WallClock};
 pub use fallback::FallbackStore;
 pub use memory::MemoryStore;
+pub use redis::RedisStore;
 
 /// What a store needs to know of a bucket: its key and its limit.
 #[derive(Debug, Clone)]

@@ -1,4 +1,4 @@
-//! Integration tests: real tollgate, real fake provider, real sockets (and real Redis where needed).
+//! Integration tests: real tollgate, real fake provider, real sockets, real Redis.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -10,3 +10,4 @@ mod hardening;
 mod lifecycle;
 mod limiting;
 mod properties;
+mod store_suite;

@@ -1,0 +1,592 @@
+//! The Redis store: each bucket is one Redis hash (`tollgate:{provider:region}`) shared by every
+//! replica, changed only by the scripts in `lua/` (the math of `bucket.rs`, run atomically in Redis).
+//!
+//! Every operation is exactly one script call (EVALSHA; redis-rs loads the script again when the
+//! server has lost it, after a restart or `SCRIPT FLUSH`). Connections come from a deadpool pool whose
+//! waits are bounded, and every call has a deadline of `store.timeout`: a slow Redis is a down Redis.
+//! Errors are classified transient or not where they are converted.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool::managed::{self, Metrics, Object, PoolConfig, PoolError, RecycleResult, Timeouts};
+use deadpool::Runtime;
+use deadpool_redis::redis::aio::MultiplexedConnection;
+use deadpool_redis::redis::{
+    self, AsyncConnectionConfig, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value,
+};
+
+use super::{Bucket, Clock, Decision, Grant, Refusal, Store, StoreError};
+use crate::config::{ClockSource, StoreConfig};
+
+/// Connections kept open to Redis. A pooled connection carries one call at a time; calls take well
+/// under a millisecond, so this many serve tens of thousands of acquires per second per replica.
+const POOL_SIZE: usize = 16;
+
+const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
+const GIVE_BACK_LUA: &str = include_str!("../../lua/give_back.lua");
+const PEEK_LUA: &str = include_str!("../../lua/peek.lua");
+
+/// Buckets in Redis, shared by every replica that points at the same server.
+pub struct RedisStore {
+    pool: managed::Pool<Manager>,
+    acquire: Script,
+    give_back: Script,
+    peek: Script,
+    clock: Arc<dyn Clock>,
+    clock_source: ClockSource,
+    timeout: Duration,
+    /// The URL with its password hidden: the only form that goes into messages.
+    url: String,
+    /// The URL's password, scrubbed from any message a driver error might carry.
+    secrets: Vec<String>,
+}
+
+impl RedisStore {
+    /// A store on `config.url`. Builds the pool without connecting: Redis need not be up yet, and
+    /// calls fail (transiently) until it is. `clock` is used only with `store.clock = "local"`.
+    pub fn connect(config: &StoreConfig, clock: Arc<dyn Clock>) -> Result<RedisStore, StoreError> {
+        let url = config.url.to_string();
+        let secrets = secrets_of(config.url.expose());
+        let fail = |what: String| StoreError {
+            transient: false,
+            message: scrub(&format!("redis {url}: {what}"), &secrets),
+        };
+
+        // redis-rs's own deadlines match ours, so a dead connection surfaces as a redis error too.
+        let connection = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout));
+        let manager = deadpool_redis::Manager::new_with_config(config.url.expose(), connection)
+            .map_err(|e| fail(format!("not a usable redis URL: {e}")))?;
+        let mut pool_config = PoolConfig::new(POOL_SIZE);
+        // deadpool waits forever by default; each of these is also inside the call's deadline.
+        pool_config.timeouts = Timeouts {
+            wait: Some(config.timeout),
+            create: Some(config.timeout),
+            recycle: Some(config.timeout),
+        };
+        let pool = managed::Pool::builder(Manager(manager))
+            .config(pool_config)
+            // The pool's timeouts need a runtime to run on; without one they are ignored.
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| fail(format!("cannot build the connection pool: {e}")))?;
+
+        Ok(RedisStore {
+            pool,
+            acquire: Script::new(ACQUIRE_LUA),
+            give_back: Script::new(GIVE_BACK_LUA),
+            peek: Script::new(PEEK_LUA),
+            clock,
+            clock_source: config.clock,
+            timeout: config.timeout,
+            url,
+            secrets,
+        })
+    }
+
+    /// The caller's clock for the scripts' `now_us`, or `None` to have them read Redis `TIME`.
+    fn now_arg(&self) -> Option<u64> {
+        match self.clock_source {
+            // The scripts read 0 as "use TIME"; a real clock is never at 0 anyway.
+            ClockSource::Local => Some(self.clock.now_micros().max(1)),
+            ClockSource::Redis => None,
+        }
+    }
+
+    fn error(&self, op: &str, transient: bool, detail: &str) -> StoreError {
+        StoreError {
+            transient,
+            message: scrub(
+                &format!("redis {}: {op}: {detail}", self.url),
+                &self.secrets,
+            ),
+        }
+    }
+
+    fn pool_error(&self, op: &str, e: PoolError<RedisError>) -> StoreError {
+        match e {
+            PoolError::Timeout(which) => self.error(
+                op,
+                true,
+                &format!("no connection within {:?} ({which:?})", self.timeout),
+            ),
+            PoolError::Backend(e) => self.error(op, is_transient(&e), &e.to_string()),
+            PoolError::Closed => self.error(op, false, "the connection pool is closed"),
+            other => self.error(op, false, &other.to_string()),
+        }
+    }
+
+    /// Runs `call` on a pooled connection within the store's deadline.
+    ///
+    /// A connection whose call failed for a reason other than the server's answer is dropped, not
+    /// pooled again. A connection found closed (the server restarted or dropped it while it sat in
+    /// the pool) is retried once on a fresh one, after dropping the pool's other idle connections:
+    /// they went to the same server. That retry can only cost a slot, never add one: if the first
+    /// script did run before the connection broke, its reservation is simply never used.
+    async fn run<T, F, Fut>(&self, op: &str, call: F) -> Result<T, StoreError>
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let attempts = async {
+            let mut retried = false;
+            loop {
+                let mut conn = match self.pool.get().await {
+                    Ok(object) => Checkout::new(object),
+                    Err(e) => return Err(self.pool_error(op, e)),
+                };
+                let Some(connection) = conn.connection() else {
+                    return Err(self.error(op, false, "pooled connection missing"));
+                };
+                match call(connection).await {
+                    Ok(value) => {
+                        conn.healthy = true;
+                        return Ok(value);
+                    }
+                    Err(e) => {
+                        let transient = is_transient(&e);
+                        // An error the server answered leaves the connection in step; others may not.
+                        conn.healthy = !transient;
+                        drop(conn);
+                        if e.is_connection_dropped() {
+                            self.pool.retain(|_, _| false);
+                            if !retried {
+                                retried = true;
+                                continue;
+                            }
+                        }
+                        return Err(self.error(op, transient, &e.to_string()));
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, attempts).await {
+            Ok(result) => result,
+            Err(_) => Err(self.error(op, true, &format!("no answer within {:?}", self.timeout))),
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .field("clock", &self.clock_source)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn acquire(
+        &self,
+        bucket: &Bucket,
+        cost: f64,
+        max_wait: Duration,
+    ) -> Result<Decision, StoreError> {
+        let limit = bucket.limit;
+        // The script refuses these too; checked here as well because NaN or infinity would not
+        // survive as an argument, and a cost that can never fit needs no round trip.
+        if !(cost > 0.0 && cost <= limit.capacity()) {
+            return Ok(Decision::Refused(Refusal::CostOverCapacity));
+        }
+        let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+        let mut invocation = self.acquire.key(&*bucket.key);
+        invocation
+            .arg(limit.rate())
+            .arg(limit.capacity())
+            .arg(cost)
+            .arg(max_wait_us);
+        if let Some(now) = self.now_arg() {
+            invocation.arg(now);
+        }
+        let reply: Value = self
+            .run("acquire", |mut conn| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        decode_acquire(&reply).map_err(|e| self.error("acquire", e.transient, &e.message))
+    }
+
+    async fn give_back(
+        &self,
+        bucket: &Bucket,
+        grant: Grant,
+        cost: f64,
+    ) -> Result<bool, StoreError> {
+        let mut invocation = self.give_back.key(&*bucket.key);
+        invocation.arg(grant.seq).arg(cost);
+        let reply: Value = self
+            .run("give_back", |mut conn| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        decode_give_back(&reply).map_err(|e| self.error("give_back", e.transient, &e.message))
+    }
+
+    async fn tokens(&self, bucket: &Bucket) -> Result<f64, StoreError> {
+        let mut invocation = self.peek.key(&*bucket.key);
+        invocation
+            .arg(bucket.limit.rate())
+            .arg(bucket.limit.capacity());
+        if let Some(now) = self.now_arg() {
+            invocation.arg(now);
+        }
+        let reply: Value = self
+            .run("tokens", |mut conn| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        decode_tokens(&reply).map_err(|e| self.error("tokens", e.transient, &e.message))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let reply: String = self
+            .run("ping", |mut conn| async move {
+                redis::cmd("PING").query_async(&mut conn).await
+            })
+            .await?;
+        if reply == "PONG" {
+            Ok(())
+        } else {
+            Err(self.error("ping", false, &format!("answered {reply:?}")))
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+}
+
+/// deadpool-redis's manager with its recycle check taken out.
+///
+/// deadpool-redis PINGs a connection every time it leaves the pool: a second round trip for every
+/// acquire. Here a connection goes back to the pool only after a call that succeeded on it (see
+/// [`Checkout`]), so there is nothing to check.
+struct Manager(deadpool_redis::Manager);
+
+impl managed::Manager for Manager {
+    type Type = MultiplexedConnection;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<MultiplexedConnection, RedisError> {
+        managed::Manager::create(&self.0).await
+    }
+
+    async fn recycle(
+        &self,
+        _connection: &mut MultiplexedConnection,
+        _metrics: &Metrics,
+    ) -> RecycleResult<RedisError> {
+        Ok(())
+    }
+}
+
+/// A connection out of the pool. It goes back only if marked healthy; a call that failed, timed out
+/// or was cancelled drops it, so a dead or out-of-step connection is never handed out again.
+struct Checkout {
+    object: Option<Object<Manager>>,
+    healthy: bool,
+}
+
+impl Checkout {
+    fn new(object: Object<Manager>) -> Checkout {
+        Checkout {
+            object: Some(object),
+            healthy: false,
+        }
+    }
+
+    /// A handle on the connection (a clone shares the same socket).
+    fn connection(&self) -> Option<MultiplexedConnection> {
+        self.object.as_deref().cloned()
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if !self.healthy {
+            if let Some(object) = self.object.take() {
+                drop(Object::take(object));
+            }
+        }
+    }
+}
+
+/// Whether a later retry of a call that failed with `e` may succeed: the connection, the network or
+/// the server's current state (loading, failing over, busy) failed, not the request itself.
+fn is_transient(e: &RedisError) -> bool {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return true;
+    }
+    if matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        )
+    ) {
+        return true;
+    }
+    // Codes redis-rs has no kind for: a long script running, or memory full for now.
+    matches!(e.code(), Some("BUSY" | "OOM"))
+}
+
+/// Decodes `acquire.lua`'s reply `{status, wait_us, seq}` (see the script's header).
+pub fn decode_acquire(reply: &Value) -> Result<Decision, StoreError> {
+    let bad = || StoreError {
+        transient: false,
+        message: format!("acquire.lua replied {reply:?}, expected [status, wait_us, seq]"),
+    };
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    let [Value::Int(status), Value::Int(wait_us), Value::Int(seq)] = items.as_slice() else {
+        return Err(bad());
+    };
+    let wait = u64::try_from(*wait_us)
+        .map(Duration::from_micros)
+        .map_err(|_| bad())?;
+    match status {
+        1 => Ok(Decision::Granted(Grant {
+            wait,
+            seq: u64::try_from(*seq).map_err(|_| bad())?,
+        })),
+        0 => Ok(Decision::Refused(Refusal::TooLong { wait })),
+        -1 => Ok(Decision::Refused(Refusal::CostOverCapacity)),
+        _ => Err(bad()),
+    }
+}
+
+/// Decodes `give_back.lua`'s reply: 1 returned, 0 not.
+fn decode_give_back(reply: &Value) -> Result<bool, StoreError> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(StoreError {
+            transient: false,
+            message: format!("give_back.lua replied {other:?}, expected 0 or 1"),
+        }),
+    }
+}
+
+/// Decodes `peek.lua`'s reply: the tokens as a decimal string.
+fn decode_tokens(reply: &Value) -> Result<f64, StoreError> {
+    let tokens = match reply {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|text| text.parse::<f64>().ok()),
+        Value::SimpleString(text) => text.parse::<f64>().ok(),
+        Value::Int(n) => Some(*n as f64),
+        _ => None,
+    };
+    tokens.filter(|t| t.is_finite()).ok_or_else(|| StoreError {
+        transient: false,
+        message: format!("peek.lua replied {reply:?}, expected a number"),
+    })
+}
+
+/// What must never appear in a message: the URL's password (or token), if it has one.
+fn secrets_of(url: &str) -> Vec<String> {
+    let Some((_, rest)) = url.split_once("://") else {
+        return Vec::new();
+    };
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let Some((userinfo, _)) = authority.rsplit_once('@') else {
+        return Vec::new();
+    };
+    let password = userinfo.split_once(':').map_or(userinfo, |(_, pw)| pw);
+    if password.is_empty() {
+        Vec::new()
+    } else {
+        vec![password.to_string()]
+    }
+}
+
+fn scrub(message: &str, secrets: &[String]) -> String {
+    secrets
+        .iter()
+        .fold(message.to_string(), |m, secret| m.replace(secret, "***"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::WallClock;
+    use crate::Config;
+
+    fn ints(values: &[i64]) -> Value {
+        Value::Array(values.iter().map(|&v| Value::Int(v)).collect())
+    }
+
+    fn store_config(url: &str) -> StoreConfig {
+        let text = format!(
+            "[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntimeout = \"50ms\"\n\
+             [providers.p]\nupstream = \"http://127.0.0.1:1\"\nrate = 1\n"
+        );
+        Config::from_toml("t.toml", &text)
+            .expect("valid config")
+            .store
+    }
+
+    #[test]
+    fn a_grant_decodes_its_wait_and_an_exact_sequence_number() {
+        // seq starts at Redis TIME in microseconds: well past 2^50, still exact.
+        let seq = 1_795_945_838_359_517_i64;
+        assert_eq!(
+            decode_acquire(&ints(&[1, 250_000, seq])).expect("decodes"),
+            Decision::Granted(Grant {
+                wait: Duration::from_millis(250),
+                seq: seq as u64,
+            })
+        );
+        assert_eq!(
+            decode_acquire(&ints(&[1, 0, 7])).expect("decodes"),
+            Decision::Granted(Grant {
+                wait: Duration::ZERO,
+                seq: 7
+            })
+        );
+    }
+
+    #[test]
+    fn refusals_decode_to_their_reason() {
+        assert_eq!(
+            decode_acquire(&ints(&[0, 1_500_001, 0])).expect("decodes"),
+            Decision::Refused(Refusal::TooLong {
+                wait: Duration::from_micros(1_500_001)
+            })
+        );
+        assert_eq!(
+            decode_acquire(&ints(&[-1, 0, 0])).expect("decodes"),
+            Decision::Refused(Refusal::CostOverCapacity)
+        );
+    }
+
+    #[test]
+    fn malformed_acquire_replies_are_permanent_errors_that_show_the_reply() {
+        let cases = [
+            Value::Nil,
+            Value::Int(1),
+            ints(&[1, 0]),
+            ints(&[1, 0, 5, 6]),
+            ints(&[2, 0, 5]),
+            ints(&[1, -3, 5]),
+            ints(&[1, 0, -5]),
+            Value::Array(vec![
+                Value::Int(1),
+                Value::BulkString(b"0.5".to_vec()),
+                Value::Int(5),
+            ]),
+        ];
+        for reply in cases {
+            let e = decode_acquire(&reply).expect_err("malformed");
+            assert!(!e.transient, "{reply:?}");
+            assert!(
+                e.message.starts_with("acquire.lua replied"),
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn give_back_replies_decode_to_whether_tokens_returned() {
+        assert!(decode_give_back(&Value::Int(1)).expect("decodes"));
+        assert!(!decode_give_back(&Value::Int(0)).expect("decodes"));
+        assert!(decode_give_back(&Value::Int(2)).is_err());
+        assert!(decode_give_back(&Value::Nil).is_err());
+    }
+
+    #[test]
+    fn token_replies_keep_fractions_and_debt() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert_eq!(decode_tokens(&bulk("3")).expect("decodes"), 3.0);
+        assert_eq!(decode_tokens(&bulk("-1.5")).expect("decodes"), -1.5);
+        assert_eq!(
+            decode_tokens(&bulk("0.10000000000000001")).expect("decodes"),
+            0.1
+        );
+        assert_eq!(decode_tokens(&Value::Int(2)).expect("decodes"), 2.0);
+        for bad in [bulk("many"), bulk("nan"), Value::Nil] {
+            assert!(!decode_tokens(&bad).expect_err("bad").transient);
+        }
+    }
+
+    #[test]
+    fn connection_and_server_state_failures_are_transient_request_failures_are_not() {
+        use std::io;
+        for kind in [
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::BrokenPipe,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::TimedOut,
+            io::ErrorKind::UnexpectedEof,
+        ] {
+            assert!(
+                is_transient(&RedisError::from(io::Error::from(kind))),
+                "{kind:?}"
+            );
+        }
+        for kind in [
+            ServerErrorKind::BusyLoading,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::MasterDown,
+            ServerErrorKind::ReadOnly,
+        ] {
+            let e = RedisError::from((ErrorKind::Server(kind), "server busy"));
+            assert!(is_transient(&e), "{kind:?}");
+        }
+        for kind in [
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            ErrorKind::Server(ServerErrorKind::NoPerm),
+            ErrorKind::AuthenticationFailed,
+            ErrorKind::Parse,
+            ErrorKind::UnexpectedReturnType,
+            ErrorKind::InvalidClientConfig,
+        ] {
+            assert!(!is_transient(&RedisError::from((kind, "bad"))), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn messages_never_carry_the_password() {
+        let url = "redis://user:s3cret-pw@10.0.0.1:6379/0";
+        let secrets = secrets_of(url);
+        let message = scrub(
+            &format!("connecting to {url} failed; auth s3cret-pw rejected"),
+            &secrets,
+        );
+        assert!(!message.contains("s3cret-pw"), "{message}");
+        let token = secrets_of("rediss://tok3n@h:1");
+        assert!(!scrub("tok3n", &token).contains("tok3n"));
+        // Without credentials nothing is scrubbed.
+        assert!(secrets_of("redis://h:1/0").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_store_is_built_without_a_server_and_then_fails_transiently_and_quickly() {
+        // Port 1 on loopback: nothing listens there, so connecting is refused at once.
+        let config = store_config("redis://:pw123456@127.0.0.1:1/0");
+        let store = RedisStore::connect(&config, Arc::new(WallClock)).expect("builds");
+        assert_eq!(store.backend(), "redis");
+        let started = tokio::time::Instant::now();
+        let e = store.ping().await.expect_err("nothing listens");
+        assert!(e.transient, "{e}");
+        assert!(started.elapsed() < Duration::from_millis(500), "{e}");
+        assert!(!e.message.contains("pw123456"), "{e}");
+        assert!(e.message.contains("127.0.0.1:1"), "{e}");
+    }
+}
