@@ -14,7 +14,9 @@ use crate::gate::Gate;
 use crate::http::admin::Admin;
 use crate::http::proxy::{Limits, Proxy};
 use crate::http::ConnLimits;
-use crate::store::{Bucket, FallbackStore, MemoryStore, MonotonicClock, Store};
+use crate::store::{
+    Bucket, FallbackStore, MemoryStore, MonotonicClock, RedisStore, Store, WallClock,
+};
 use crate::telemetry::Metrics;
 use crate::upstream::{GuardedResolver, HttpClient, Timeouts, UpstreamClient};
 
@@ -56,11 +58,10 @@ impl App {
     pub async fn build(config: Config) -> Result<App, AppError> {
         let store: Arc<dyn Store> = match config.store.backend {
             StoreBackend::Memory => Arc::new(MemoryStore::new(Arc::new(MonotonicClock::new()))),
-            StoreBackend::Redis => {
-                return Err(AppError::Store(
-                    "backend \"redis\" is not available in this build yet; use \"memory\"".into(),
-                ))
-            }
+            StoreBackend::Redis => Arc::new(
+                RedisStore::connect(&config.store, Arc::new(WallClock))
+                    .map_err(|e| AppError::Store(e.message))?,
+            ),
         };
         let allow_private = config
             .buckets

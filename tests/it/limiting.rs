@@ -1,6 +1,5 @@
 //! The limit, checked where it matters: at the provider, from its recorded arrival times.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
@@ -9,12 +8,8 @@ use tokio::time::Instant;
 
 use crate::support::client::{client, get};
 use crate::support::fake_provider::{FakeProvider, OwnLimit};
+use crate::support::swarm::{self, JITTER};
 use crate::support::tollgate::{provider, Tollgate, EPHEMERAL};
-use crate::support::window;
-
-/// Delivery-jitter allowance: a request released on its slot may reach the provider this much later
-/// than the one after it (scheduling on a loaded 2-core machine).
-const JITTER: Duration = Duration::from_millis(10);
 
 /// 20 concurrent clients through one tollgate at 20/s with capacity 10 for 3 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -31,62 +26,48 @@ async fn a_swarm_never_exceeds_capacity_plus_rate_times_t_at_the_provider() {
         provider("geo", &p.url(), rate, capacity)
     ))
     .await;
-    let start = Instant::now();
-    let stop_at = start + Duration::from_secs(3);
-    let c = client();
-    let url = Arc::new(t.url("/geo/search?q=x"));
-    let mut clients = Vec::new();
-    for _ in 0..20 {
-        let (c, url) = (c.clone(), url.clone());
-        clients.push(tokio::spawn(async move {
-            let mut statuses = Vec::new();
-            while Instant::now() < stop_at {
-                statuses.push(get(&c, &url, &[]).await.status.as_u16());
-            }
-            statuses
-        }));
-    }
-    let mut statuses = Vec::new();
-    for task in clients {
-        statuses.extend(task.await.expect("client"));
-    }
-    let times: Vec<Duration> = p.arrival_times().iter().map(|a| *a - start).collect();
-    let report = window::check(&times, rate, capacity, JITTER);
-    let last = times.iter().max().copied().unwrap_or_default();
-    let allowed = capacity + rate * last.as_secs_f64();
-    let utilisation = times.len() as f64 / allowed;
-    eprintln!(
-        "swarm: {} arrivals over {:.3}s; worst window {} in {:?} against bound {:.2} (excess {:.2}); utilisation {:.3}",
-        times.len(),
-        last.as_secs_f64(),
-        report.worst_count,
-        report.worst_len,
-        report.worst_bound,
-        report.max_excess,
-        utilisation
+    let run = swarm::run(
+        &p,
+        &[t.url("/geo/search?q=x")],
+        20,
+        Duration::from_secs(3),
+        rate,
+        capacity,
+    )
+    .await;
+    assert!(
+        run.report.holds(),
+        "sliding-window bound broken: {:?}",
+        run.report
     );
-    assert!(report.holds(), "sliding-window bound broken: {report:?}");
     assert_eq!(p.breaches(), 0, "the provider's own limit saw breaches");
     assert!(
-        statuses.iter().all(|s| *s == 200),
+        run.statuses.iter().all(|s| *s == 200),
         "every client request succeeded"
     );
-    assert!(last >= Duration::from_secs(3), "ran at least 3 s");
-    assert!(utilisation >= 0.95, "utilisation {utilisation:.3} < 0.95");
+    assert!(run.span >= Duration::from_secs(3), "ran at least 3 s");
+    assert!(
+        run.utilisation >= 0.95,
+        "utilisation {:.3} < 0.95",
+        run.utilisation
+    );
 }
 
 /// After the bucket is drained, the n-th queued request goes at n/rate: reported and actual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_requests_are_released_at_n_over_rate() {
+    check_release_schedule(|p| format!("{EPHEMERAL}{}", provider("geo", &p.url(), 20.0, 5.0)))
+        .await;
+}
+
+/// The wait check for any store: `toml` gets the provider and must configure bucket `geo` at 20/s,
+/// capacity 5.
+pub async fn check_release_schedule(toml: impl Fn(&FakeProvider) -> String) {
     let (rate, capacity, queued) = (20.0, 5.0, 20usize);
     let p = FakeProvider::start().await;
-    let t = Tollgate::start(&format!(
-        "{EPHEMERAL}{}",
-        provider("geo", &p.url(), rate, capacity)
-    ))
-    .await;
+    let t = Tollgate::start(&toml(&p)).await;
     let c = client();
-    // Warm the connection pool so the queued requests are not also paying for connects.
+    // Warm the connection pools so the queued requests are not also paying for connects.
     let _warm: Vec<_> = futures_join(&c, &t.url("/geo/warm"), capacity as usize).await;
     tokio::time::sleep(Duration::from_secs_f64(capacity / rate + 0.1)).await;
     let before = p.arrivals().len();

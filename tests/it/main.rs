@@ -10,4 +10,5 @@ mod hardening;
 mod lifecycle;
 mod limiting;
 mod properties;
+mod shared;
 mod store_suite;

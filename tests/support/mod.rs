@@ -4,7 +4,9 @@
 
 pub mod client;
 pub mod fake_provider;
+pub mod naive_store;
 pub mod raw_provider;
 pub mod redis_server;
+pub mod swarm;
 pub mod tollgate;
 pub mod window;
