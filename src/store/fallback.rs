@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{Bucket, Decision, Grant, MemoryStore, MonotonicClock, Refusal, Store, StoreError};
-use crate::config::{FallbackConfig, FallbackMode};
+use crate::config::{FallbackConfig, FallbackMode, Limit};
 use crate::telemetry::Metrics;
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -49,10 +49,11 @@ struct State {
     down_since: Option<Instant>,
 }
 
-/// Slots (time, cost) issued in the last `capacity / rate` seconds.
+/// Slots (time, cost) issued in the last `capacity / rate` seconds, and the wait of the latest grant.
 #[derive(Default)]
 struct Recent {
     slots: VecDeque<(Instant, f64)>,
+    last_wait: Duration,
 }
 
 impl FallbackStore {
@@ -106,6 +107,7 @@ impl Inner {
         let mut recent = self.recent();
         let r = recent.entry(bucket.key.clone()).or_default();
         r.slots.push_back((now + grant.wait, cost));
+        r.last_wait = grant.wait;
         while r.slots.front().is_some_and(|(at, _)| *at + window < now) {
             r.slots.pop_front();
         }
@@ -123,6 +125,28 @@ impl Inner {
                 .map(|(_, cost)| cost)
                 .sum()
         })
+    }
+
+    /// How many tokens a limiter with `limit` taking over `bucket` from this replica may hold now.
+    ///
+    /// Two things bound it. What this replica issued in the last `capacity / rate` seconds counts
+    /// against the new limiter's burst. And the queue: the slots the old limiter handed out run ahead
+    /// of real time, interleaved across replicas, so the new limiter issues nothing until the queue as
+    /// this replica last saw it (its latest grant's wait, plus one slot per replica) has gone out.
+    /// Counts alone would let a replica whose own slots happen to end early start while the others'
+    /// queued slots are still going out.
+    fn takeover_level(&self, bucket: &Bucket, limit: Limit) -> f64 {
+        let replicas = f64::from(self.config.expected_replicas.get());
+        let mut level = limit.capacity() - self.issued_recently(bucket);
+        let last_wait = self
+            .recent()
+            .get(&bucket.key)
+            .map_or(Duration::ZERO, |r| r.last_wait);
+        if !last_wait.is_zero() {
+            let queued = last_wait.as_secs_f64() + replicas / bucket.limit.rate();
+            level = level.min(-queued * limit.rate());
+        }
+        level
     }
 
     /// Takes `tokens` from `store`'s bucket whatever the wait, in chunks no larger than its capacity.
@@ -150,18 +174,24 @@ impl Inner {
     }
 
     /// Takes `tokens` from the local limiter's share of `bucket` whatever the wait.
-    fn charge_local(&self, bucket: &Bucket, mut tokens: f64) {
+    /// Brings the local limiter's share of `bucket` down to its takeover level; returns the charge.
+    fn charge_local(&self, bucket: &Bucket) -> f64 {
         let local = self.local_bucket(bucket);
+        let level = self.takeover_level(bucket, local.limit);
+        let charge = (self.local.tokens_now(&local) - level).max(0.0);
+        let mut tokens = charge;
         while tokens > 1e-9 {
             let chunk = tokens.min(local.limit.capacity());
             self.local.acquire_now(&local, chunk, CHARGE_MAX_WAIT);
             tokens -= chunk;
         }
+        charge
     }
 
     /// Records a failure; the first one flips to degraded, logs it and starts the probe.
     fn failed(self: &Arc<Self>, error: &StoreError) {
         self.metrics.store_errors.inc();
+        let mut charged = 0.0;
         {
             let mut state = self.state();
             if state.down_since.is_some() {
@@ -172,7 +202,7 @@ impl Inner {
                 // Under the lock, so no request uses a local limiter before it is charged: the local
                 // limiters start where this replica's shared usage left them.
                 for (b, _) in &self.buckets {
-                    self.charge_local(b, self.issued_recently(b));
+                    charged += self.charge_local(b);
                 }
             }
         }
@@ -180,7 +210,7 @@ impl Inner {
         let (backend, replicas) = (self.primary.backend(), self.config.expected_replicas.get());
         match self.config.mode {
             FallbackMode::Local => tracing::warn!(
-                backend, error = %error, fallback = "local", expected_replicas = replicas,
+                backend, error = %error, fallback = "local", expected_replicas = replicas, charged,
                 "store unreachable: limiting locally at rate / expected_replicas until it answers again"
             ),
             FallbackMode::Closed => tracing::error!(
@@ -225,9 +255,18 @@ impl Inner {
         }
         // Charge the shared bucket for what this replica issued meanwhile, so that the refilled shared
         // bucket does not release a second capacity right after the local traffic.
+        let mut charged = 0.0;
         for (b, _) in &self.buckets {
-            let used = self.issued_recently(b);
-            if let Err(e) = Inner::charge(self.primary.as_ref(), b, used).await {
+            let level = self.takeover_level(b, b.limit);
+            let reconciled = match self.primary.tokens(b).await {
+                Ok(tokens) => {
+                    let charge = (tokens - level).max(0.0);
+                    charged += charge;
+                    Inner::charge(self.primary.as_ref(), b, charge).await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = reconciled {
                 tracing::debug!(bucket = %b.key, error = %e, "reconciliation charge failed");
             }
         }
@@ -237,7 +276,7 @@ impl Inner {
         };
         self.set_gauges(false);
         let down_for = since.map(|s| s.elapsed()).unwrap_or_default();
-        tracing::warn!(backend = self.primary.backend(), down_for = ?down_for, "store reachable again: shared limiting resumed");
+        tracing::warn!(backend = self.primary.backend(), down_for = ?down_for, charged, "store reachable again: shared limiting resumed");
     }
 }
 
@@ -498,6 +537,56 @@ mod tests {
         // The shared bucket (full: 10) was charged the 5 tokens issued locally.
         let tokens = primary.store.tokens(&b).await.expect("tokens");
         assert!((tokens - 5.0).abs() < 0.1, "shared tokens {tokens}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_replicas_switching_to_local_together_keep_the_shared_bound() {
+        let shared = Arc::new(Switchable {
+            store: MemoryStore::new(Arc::new(MonotonicClock::new())),
+            down: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+        });
+        let bucket = Bucket {
+            key: "tollgate:{t}".into(),
+            limit: Limit::new(20.0, 10.0).expect("limit"),
+        };
+        let config = FallbackConfig {
+            mode: FallbackMode::Local,
+            expected_replicas: NonZeroU32::new(2).expect("2"),
+        };
+        let replicas: Vec<FallbackStore> = (0..2)
+            .map(|_| {
+                FallbackStore::new(
+                    shared.clone(),
+                    config.clone(),
+                    vec![(bucket.clone(), Gauge::default())],
+                    Arc::new(Metrics::new()),
+                )
+            })
+            .collect();
+        let start = Instant::now();
+        let mut slots = Vec::new();
+        // Saturated: every 25 ms each replica asks once; Redis dies at 1 s.
+        for tick in 0..160u32 {
+            if tick == 40 {
+                shared.down.store(true, Ordering::SeqCst);
+            }
+            for (i, r) in replicas.iter().enumerate() {
+                if (tick + i as u32) % 2 == 0 {
+                    let w = wait(r.acquire(&bucket, 1.0, MAX).await.expect("granted"));
+                    slots.push((Instant::now() + w - start).as_secs_f64());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        slots.sort_by(f64::total_cmp);
+        let mut worst = f64::NEG_INFINITY;
+        for i in 0..slots.len() {
+            for j in i..slots.len() {
+                worst = worst.max((j - i + 1) as f64 - (10.0 + 20.0 * (slots[j] - slots[i])));
+            }
+        }
+        assert!(worst <= 1e-6, "excess {worst}");
     }
 
     #[tokio::test(start_paused = true)]

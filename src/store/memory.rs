@@ -29,6 +29,14 @@ impl MemoryStore {
         self.states.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Tokens available now, synchronously.
+    pub fn tokens_now(&self, bucket: &Bucket) -> f64 {
+        let now = self.clock.now_micros();
+        self.states()
+            .get(&bucket.key)
+            .map_or(bucket.limit.capacity(), |s| s.tokens_at(bucket.limit, now))
+    }
+
     /// Reserves synchronously (the store has no I/O).
     pub fn acquire_now(&self, bucket: &Bucket, cost: f64, max_wait: Duration) -> Decision {
         let now = self.clock.now_micros();
@@ -64,11 +72,7 @@ impl Store for MemoryStore {
     }
 
     async fn tokens(&self, bucket: &Bucket) -> Result<f64, StoreError> {
-        let now = self.clock.now_micros();
-        let states = self.states();
-        Ok(states
-            .get(&bucket.key)
-            .map_or(bucket.limit.capacity(), |s| s.tokens_at(bucket.limit, now)))
+        Ok(self.tokens_now(bucket))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -1,4 +1,5 @@
-//! Integration tests: real tollgate, real fake provider, real sockets, real Redis.
+//! Integration tests: real tollgate, real fake provider, real sockets, real Redis. Tests whose
+//! assertions are timing bounds live in `tests/timing` and run one at a time.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -8,7 +9,5 @@ mod forward_proxy;
 mod forwarding;
 mod hardening;
 mod lifecycle;
-mod limiting;
 mod properties;
-mod shared;
 mod store_suite;

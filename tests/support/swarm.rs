@@ -75,6 +75,11 @@ pub async fn run(
     let report = window::check(&times, rate, capacity, JITTER);
     let span = times.iter().max().copied().unwrap_or_default();
     let utilisation = times.len() as f64 / (capacity + rate * span.as_secs_f64());
+    if std::env::var_os("TOLLGATE_DUMP_ARRIVALS").is_some() {
+        let mut ms: Vec<u128> = times.iter().map(|t| t.as_millis()).collect();
+        ms.sort();
+        let _ = std::fs::write("/tmp/arrivals.txt", format!("{ms:?}"));
+    }
     let run = SwarmRun {
         statuses,
         report,
@@ -82,12 +87,13 @@ pub async fn run(
         span,
     };
     eprintln!(
-        "swarm: {} requests, {} arrivals over {:.3}s; worst window {} in {:?} vs bound {:.2} (excess {:+.2}); utilisation {:.3}; 5xx {}",
+        "swarm: {} requests, {} arrivals over {:.3}s; worst window {} in {:?} from {:?} vs bound {:.2} (excess {:+.2}); utilisation {:.3}; 5xx {}",
         run.requests(),
         times.len(),
         span.as_secs_f64(),
         report.worst_count,
         report.worst_len,
+        report.worst_start,
         report.worst_bound,
         report.max_excess,
         utilisation,

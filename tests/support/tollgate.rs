@@ -96,9 +96,65 @@ pub struct TollgateProcess {
     pub child: Child,
     /// Its stderr log file.
     pub log: PathBuf,
+    /// Its proxy base URL, when started by [`TollgateProcess::launch`].
+    pub proxy: String,
+    /// Its admin base URL, when started by [`TollgateProcess::launch`].
+    pub admin: String,
+    dir: Option<PathBuf>,
 }
 
 impl TollgateProcess {
+    /// Writes `body` (everything but `[server]` listen addresses, which it picks) to a temp config,
+    /// starts `tollgate run --log-format json` on it and waits until the admin listener answers.
+    pub async fn launch(server_extra: &str, body: &str) -> TollgateProcess {
+        let (port, admin) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("tollgate-test-{port}-{admin}"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let cfg = dir.join("tollgate.toml");
+        std::fs::write(
+            &cfg,
+            format!("[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n{server_extra}\n{body}"),
+        )
+        .expect("write config");
+        let err = std::fs::File::create(dir.join("stderr.log")).expect("log file");
+        let child = Command::new(binary())
+            .args(["run", "--log-format", "json", "--config"])
+            .arg(&cfg)
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("spawn tollgate");
+        let proc = TollgateProcess {
+            child,
+            log: dir.join("stderr.log"),
+            proxy: format!("http://127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin}"),
+            dir: Some(dir),
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", admin))
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "tollgate did not start: {}",
+                proc.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        proc
+    }
+
+    /// Log lines whose message contains `needle`.
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        self.log_text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(String::from)
+            .collect()
+    }
+
     /// Starts `tollgate run --config FILE` with fixed listen addresses written in the file.
     pub fn start(config_file: &std::path::Path, log: PathBuf) -> TollgateProcess {
         let err = std::fs::File::create(&log).expect("log file");
@@ -110,7 +166,13 @@ impl TollgateProcess {
             .stderr(err)
             .spawn()
             .expect("spawn tollgate");
-        TollgateProcess { child, log }
+        TollgateProcess {
+            child,
+            log,
+            proxy: String::new(),
+            admin: String::new(),
+            dir: None,
+        }
     }
 
     /// Sends SIGTERM.
@@ -145,6 +207,9 @@ impl Drop for TollgateProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

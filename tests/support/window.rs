@@ -16,6 +16,8 @@ pub struct WindowReport {
     pub worst_len: Duration,
     /// Its bound.
     pub worst_bound: f64,
+    /// Where it starts (offset of its first arrival).
+    pub worst_start: Duration,
 }
 
 impl WindowReport {
@@ -36,6 +38,7 @@ pub fn check(arrivals: &[Duration], rate: f64, capacity: f64, jitter: Duration) 
         worst_count: 0,
         worst_len: Duration::ZERO,
         worst_bound: 0.0,
+        worst_start: Duration::ZERO,
     };
     for i in 0..t.len() {
         for k in i..t.len() {
@@ -47,6 +50,7 @@ pub fn check(arrivals: &[Duration], rate: f64, capacity: f64, jitter: Duration) 
                 report.worst_count = k - i + 1;
                 report.worst_len = Duration::from_secs_f64(len);
                 report.worst_bound = bound;
+                report.worst_start = Duration::from_secs_f64(t[i]);
             }
         }
     }
