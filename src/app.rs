@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hyper::service::service_fn;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, StoreBackend};
@@ -81,13 +82,8 @@ impl App {
 
     /// Binds both listeners around the given parts.
     pub async fn build_with(config: Config, parts: Parts) -> Result<App, AppError> {
-        let bind = |addr: SocketAddr| async move {
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| AppError::Bind { addr, source })
-        };
-        let proxy_listener = bind(config.server.listen).await?;
-        let admin_listener = bind(config.server.admin_listen).await?;
+        let proxy_listener = bind(config.server.listen)?;
+        let admin_listener = bind(config.server.admin_listen)?;
         let metrics = Arc::new(Metrics::new());
         let store: Arc<dyn Store> = if parts.store.can_fail() {
             let buckets = config
@@ -175,6 +171,7 @@ impl App {
         let admin_task = tokio::spawn(crate::http::serve(
             self.admin_listener,
             ConnLimits::default(),
+            Gauge::default(),
             admin_service,
             async {
                 let _ = admin_stopped.await;
@@ -184,6 +181,7 @@ impl App {
         let drained = crate::http::serve(
             self.proxy_listener,
             conn_limits,
+            self.metrics.connections.clone(),
             proxy_service,
             async {
                 shutdown.await;
@@ -200,6 +198,23 @@ impl App {
         let _ = admin_stop.send(());
         let _ = admin_task.await;
     }
+}
+
+/// Binds a listener with a deep accept queue: a fleet of workers reconnecting at once (after a deploy,
+/// say) should wait in the kernel's queue, not see connection resets.
+fn bind(addr: SocketAddr) -> Result<TcpListener, AppError> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    };
+    socket
+        .and_then(|s| {
+            s.set_reuseaddr(true)?;
+            s.bind(addr)?;
+            s.listen(4096)
+        })
+        .map_err(|source| AppError::Bind { addr, source })
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).

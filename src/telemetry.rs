@@ -71,6 +71,8 @@ pub struct Metrics {
     pub store_errors: Counter,
     /// Store call latency in seconds.
     pub store_seconds: Histogram,
+    /// Client connections open on the proxy listener.
+    pub connections: Gauge,
 }
 
 /// How a request ended, as the `outcome` label says it.
@@ -199,7 +201,14 @@ impl Metrics {
             "Store call latency",
             store_seconds.clone(),
         );
+        let connections = Gauge::default();
+        registry.register(
+            "tollgate_connections",
+            "Client connections open on the proxy listener",
+            connections.clone(),
+        );
         Metrics {
+            connections,
             registry,
             requests,
             wait,

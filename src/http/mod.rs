@@ -14,6 +14,7 @@ use hyper::service::Service;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpListener;
 
 pub mod admin;
@@ -75,6 +76,7 @@ pub fn http1_builder(limits: ConnLimits) -> http1::Builder {
 pub async fn serve<S>(
     listener: TcpListener,
     limits: ConnLimits,
+    connections: Gauge,
     service: S,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
@@ -96,10 +98,13 @@ where
                     let _ = stream.set_nodelay(true);
                     let conn = builder.serve_connection(TokioIo::new(stream), service.clone());
                     let conn = graceful.watch(conn);
+                    let open = connections.clone();
+                    open.inc();
                     tokio::spawn(async move {
                         if let Err(e) = conn.await {
                             tracing::debug!(error = %e, "connection ended with an error");
                         }
+                        open.dec();
                     });
                 }
                 Err(e) => {

@@ -113,3 +113,72 @@ async fn the_binary_drains_on_sigterm_and_exits_0() {
     assert!(code.1.contains("shutting down"), "{}", code.1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn secrets_never_reach_logs_buckets_or_check_output() {
+    let p = FakeProvider::start().await;
+    p.set(Behaviour::TooMany("3"));
+    let body = format!(
+        "[store]\nurl = \"redis://app:s3cr3t-redis@127.0.0.1:1/0\"\n{}",
+        provider("geo", &p.url(), 100.0, 10.0)
+    );
+    let mut proc = TollgateProcess::launch_with_env("", &body, &[("RUST_LOG", "trace")]).await;
+    let c = client();
+    let a = get(
+        &c,
+        &format!("{}/geo/search?q=x&api_key=s3cr3t-query", proc.proxy),
+        &[
+            ("authorization", "Bearer s3cr3t-header"),
+            ("x-api-key", "s3cr3t-apikey"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        a.status, 429,
+        "the provider's 429 passes back and is logged"
+    );
+    let buckets =
+        String::from_utf8_lossy(&get(&c, &format!("{}/buckets", proc.admin), &[]).await.body)
+            .to_string();
+    let ready =
+        String::from_utf8_lossy(&get(&c, &format!("{}/readyz", proc.admin), &[]).await.body)
+            .to_string();
+    proc.terminate();
+    let _ = tokio::task::spawn_blocking(move || {
+        proc.wait_exit(Duration::from_secs(5));
+        proc
+    })
+    .await
+    .map(|proc| {
+        let log = proc.log_text();
+        assert!(log.contains("429"), "the breach was logged: {log}");
+        for text in [&log, &buckets, &ready] {
+            for secret in [
+                "s3cr3t-redis",
+                "s3cr3t-query",
+                "s3cr3t-header",
+                "s3cr3t-apikey",
+            ] {
+                assert!(!text.contains(secret), "{secret} leaked into:\n{text}");
+            }
+        }
+    });
+    let cfg = std::env::temp_dir().join(format!("tollgate-secret-{}.toml", free_port()));
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://app:s3cr3t-redis@127.0.0.1:6379/0\"\n{}",
+            provider("geo", &p.url(), 1.0, 1.0)
+        ),
+    )
+    .expect("write");
+    let out = std::process::Command::new(crate::support::tollgate::binary())
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .expect("check");
+    let _ = std::fs::remove_file(&cfg);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("redis://app:***@127.0.0.1:6379/0"), "{text}");
+    assert!(!text.contains("s3cr3t"), "{text}");
+}

@@ -85,9 +85,11 @@ impl Drop for Tollgate {
     }
 }
 
-/// The tollgate binary built for these tests.
+/// The tollgate binary built for these tests (`TOLLGATE_BIN` overrides it, e.g. with a release build).
 pub fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tollgate"))
+    std::env::var_os("TOLLGATE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tollgate")))
 }
 
 /// A tollgate child process; killed on drop.
@@ -107,6 +109,15 @@ impl TollgateProcess {
     /// Writes `body` (everything but `[server]` listen addresses, which it picks) to a temp config,
     /// starts `tollgate run --log-format json` on it and waits until the admin listener answers.
     pub async fn launch(server_extra: &str, body: &str) -> TollgateProcess {
+        TollgateProcess::launch_with_env(server_extra, body, &[]).await
+    }
+
+    /// [`TollgateProcess::launch`] with extra environment variables (e.g. `RUST_LOG`).
+    pub async fn launch_with_env(
+        server_extra: &str,
+        body: &str,
+        env: &[(&str, &str)],
+    ) -> TollgateProcess {
         let (port, admin) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(format!("tollgate-test-{port}-{admin}"));
         std::fs::create_dir_all(&dir).expect("temp dir");
@@ -120,6 +131,7 @@ impl TollgateProcess {
         let child = Command::new(binary())
             .args(["run", "--log-format", "json", "--config"])
             .arg(&cfg)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(err)
             .spawn()

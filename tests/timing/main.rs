@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod held;
 mod limiting;
 mod outage;
 mod shared;

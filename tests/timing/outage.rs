@@ -78,6 +78,11 @@ async fn redis_killed_mid_swarm_degrades_to_local_limits_without_a_breach_or_a_5
         }
     }
     assert_eq!(run.server_errors(), 0, "no 5xx from tollgate in local mode");
+    assert_eq!(
+        p.arrivals().len(),
+        run.requests(),
+        "every request reached the provider exactly once"
+    );
     assert!(
         run.report.holds(),
         "bound broken across the outage: {:?}",
