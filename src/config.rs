@@ -117,6 +117,8 @@ pub struct StoreConfig {
     pub timeout: Duration,
     /// Whose clock the script uses.
     pub clock: ClockSource,
+    /// Connections each replica keeps to Redis.
+    pub pool_size: usize,
 }
 
 /// A Redis URL whose `Display` hides the password.
@@ -365,6 +367,7 @@ struct RawStore {
     url: Option<String>,
     timeout: Option<String>,
     clock: Option<String>,
+    pool_size: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -760,6 +763,7 @@ fn validate_raw(file: &str, raw: RawConfig) -> Result<Config, (String, String)> 
             &[("redis", ClockSource::Redis), ("local", ClockSource::Local)],
             ClockSource::Redis,
         )?,
+        pool_size: count("store.pool_size", st.pool_size, 16, 1)?,
     };
     if store.timeout.is_zero() {
         return Err(("store.timeout".into(), "must be > 0".into()));

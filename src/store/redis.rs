@@ -22,10 +22,6 @@ use deadpool_redis::redis::{
 use super::{Bucket, Clock, Decision, Grant, Refusal, Store, StoreError};
 use crate::config::{ClockSource, StoreConfig};
 
-/// Connections kept open to Redis. A pooled connection carries one call at a time; calls take well
-/// under a millisecond, so this many serve tens of thousands of acquires per second per replica.
-const POOL_SIZE: usize = 16;
-
 const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
 const GIVE_BACK_LUA: &str = include_str!("../../lua/give_back.lua");
 const PEEK_LUA: &str = include_str!("../../lua/peek.lua");
@@ -62,7 +58,7 @@ impl RedisStore {
             .set_response_timeout(Some(config.timeout));
         let manager = deadpool_redis::Manager::new_with_config(config.url.expose(), connection)
             .map_err(|e| fail(format!("not a usable redis URL: {e}")))?;
-        let mut pool_config = PoolConfig::new(POOL_SIZE);
+        let mut pool_config = PoolConfig::new(config.pool_size);
         // deadpool waits forever by default; each of these is also inside the call's deadline.
         pool_config.timeouts = Timeouts {
             wait: Some(config.timeout),

@@ -333,3 +333,22 @@ async fn admin_endpoints_report_health_readiness_metrics_and_buckets() {
     assert_eq!(list[0]["tokens"], 3000.0);
     assert_eq!(get(&c, &t.admin_url("/nope"), &[]).await.status, 404);
 }
+
+#[tokio::test]
+async fn redirects_pass_back_and_are_never_followed() {
+    let (p, t) = setup().await;
+    p.set(Behaviour::Redirect(
+        "http://169.254.169.254/latest/meta-data/",
+    ));
+    let a = get(&client(), &t.url("/nominatim/moved"), &[]).await;
+    assert_eq!(a.status, 302);
+    assert_eq!(
+        a.header("location"),
+        "http://169.254.169.254/latest/meta-data/"
+    );
+    assert_eq!(
+        p.arrivals().len(),
+        1,
+        "one request upstream, nothing followed"
+    );
+}

@@ -42,6 +42,8 @@ pub enum Behaviour {
     TooMany(&'static str),
     /// Wait this long, then answer 200.
     Slow(Duration),
+    /// 302 to this location.
+    Redirect(&'static str),
 }
 
 /// The provider's own limit: answers 429 to an arrival that would break `capacity + rate*(T + jitter)`.
@@ -216,6 +218,12 @@ async fn answer(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         Behaviour::Slow(d) => {
             tokio::time::sleep(d).await;
             geocode(&target)
+        }
+        Behaviour::Redirect(location) => {
+            let mut resp = reply(StatusCode::FOUND, None, "");
+            resp.headers_mut()
+                .insert("location", location.parse().expect("location"));
+            resp
         }
     })
 }
