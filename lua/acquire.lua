@@ -1,7 +1,7 @@
 -- acquire.lua: reserve `cost` tokens of one bucket in one call (the same algorithm as
 -- `BucketState::reserve` in src/store/bucket.rs; keep the two in step).
 --
--- KEYS[1]  the bucket, a hash {tokens, ts, seq}; e.g. tollgate:{provider:region}
+-- KEYS[1]  the bucket, a hash {tokens, ts, seq, epoch}; e.g. tollgate:{provider:region}
 -- ARGV[1]  rate, tokens per second (> 0)
 -- ARGV[2]  capacity, tokens (>= 1)
 -- ARGV[3]  cost, tokens
@@ -9,8 +9,10 @@
 -- ARGV[5]  now_us: the caller's clock in microseconds (store.clock = "local"); absent, "" or "0"
 --          means: read this server's TIME (store.clock = "redis")
 --
--- Reply: an array of three integers {status, wait_us, seq}
---   { 1, wait_us, seq}  granted: go in wait_us microseconds; seq numbers the reservation (give_back.lua)
+-- Reply: an array of integers {status, wait_us, seq[, epoch]}
+--   { 1, wait_us, seq, epoch}  granted: go in wait_us microseconds; seq numbers the reservation
+--                       (give_back.lua); epoch is when this state was created: a caller that sees it
+--                       change knows the state (and the queue of slots in it) was lost, e.g. by a restart
 --   { 0, wait_us, 0}    refused, the slot would be wait_us away (> max_wait_us); nothing written
 --   {-1, 0, 0}          refused, cost is not in (0, capacity]: it can never be served; nothing written
 -- Integers only: Redis truncates Lua numbers to integers in replies. Every value here is an exact
@@ -47,12 +49,14 @@ if now == nil or now <= 0 then
   now = tonumber(t[1]) * MICROS + tonumber(t[2])
 end
 
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'seq')
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts', 'seq', 'epoch')
 local tokens, ts, seq = tonumber(state[1]), tonumber(state[2]), tonumber(state[3])
+-- A state written before epochs existed counts as created at 0.
+local epoch = tonumber(state[4]) or 0
 if tokens == nil or ts == nil or seq == nil then
   -- A new (or expired) bucket is full; seq starts at now so that a reservation of an earlier
   -- incarnation of the key cannot be given back into this one.
-  tokens, ts, seq = capacity, now, now
+  tokens, ts, seq, epoch = capacity, now, now, now
 end
 
 -- A caller's clock behind the stored time must not credit the same interval twice.
@@ -71,8 +75,8 @@ if wait > max_wait then
 end
 
 seq = seq + 1
-redis.call('HSET', KEYS[1], 'tokens', num(after), 'ts', num(now), 'seq', num(seq))
+redis.call('HSET', KEYS[1], 'tokens', num(after), 'ts', num(now), 'seq', num(seq), 'epoch', num(epoch))
 -- Full again after (capacity - after) / rate seconds; forget the key then (plus the margin).
 local full_ms = math.ceil((capacity - after) / rate * 1000)
 redis.call('PEXPIRE', KEYS[1], num(full_ms + EXPIRE_MARGIN_MS))
-return {1, wait, seq}
+return {1, wait, seq, epoch}

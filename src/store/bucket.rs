@@ -21,6 +21,8 @@ pub struct BucketState {
     pub ts: u64,
     /// Number of the latest reservation; a slot is given back only if it is still the latest.
     pub seq: u64,
+    /// When this state was created (the clock's microseconds).
+    pub epoch: u64,
 }
 
 impl BucketState {
@@ -31,6 +33,7 @@ impl BucketState {
             tokens: limit.capacity(),
             ts: now,
             seq: now,
+            epoch: now,
         }
     }
 
@@ -64,6 +67,7 @@ impl BucketState {
         Decision::Granted(Grant {
             wait,
             seq: self.seq,
+            epoch: self.epoch,
         })
     }
 

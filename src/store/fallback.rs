@@ -54,6 +54,8 @@ struct State {
 struct Recent {
     slots: VecDeque<(Instant, f64)>,
     last_wait: Duration,
+    /// The shared state's creation time as last seen (0: unknown).
+    epoch: u64,
 }
 
 impl FallbackStore {
@@ -111,6 +113,28 @@ impl Inner {
         while r.slots.front().is_some_and(|(at, _)| *at + window < now) {
             r.slots.pop_front();
         }
+    }
+
+    /// Records the epoch a grant came with; true when it differs from the last one seen, i.e. the
+    /// store lost the bucket's state (and the queue in it) since this replica's previous grant.
+    fn epoch_changed(&self, bucket: &Bucket, epoch: u64) -> bool {
+        if epoch == 0 {
+            return false;
+        }
+        let mut recent = self.recent();
+        let r = recent.entry(bucket.key.clone()).or_default();
+        let changed = r.epoch != 0 && r.epoch != epoch;
+        r.epoch = epoch;
+        changed
+    }
+
+    /// Brings the shared bucket down to this replica's takeover level; returns the charge.
+    async fn reconcile_shared(&self, bucket: &Bucket) -> Result<f64, StoreError> {
+        let level = self.takeover_level(bucket, bucket.limit);
+        let tokens = self.primary.tokens(bucket).await?;
+        let charge = (tokens - level).max(0.0);
+        Inner::charge(self.primary.as_ref(), bucket, charge).await?;
+        Ok(charge)
     }
 
     /// Tokens this replica issued for `bucket` whose slots lie in the last `capacity / rate` seconds or later.
@@ -257,17 +281,11 @@ impl Inner {
         // bucket does not release a second capacity right after the local traffic.
         let mut charged = 0.0;
         for (b, _) in &self.buckets {
-            let level = self.takeover_level(b, b.limit);
-            let reconciled = match self.primary.tokens(b).await {
-                Ok(tokens) => {
-                    let charge = (tokens - level).max(0.0);
-                    charged += charge;
-                    Inner::charge(self.primary.as_ref(), b, charge).await
+            match self.reconcile_shared(b).await {
+                Ok(charge) => charged += charge,
+                Err(e) => {
+                    tracing::debug!(bucket = %b.key, error = %e, "reconciliation charge failed")
                 }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = reconciled {
-                tracing::debug!(bucket = %b.key, error = %e, "reconciliation charge failed");
             }
         }
         let since = {
@@ -297,6 +315,28 @@ impl Store for FallbackStore {
                 .store_seconds
                 .observe(started.elapsed().as_secs_f64());
             match result {
+                Ok(Decision::Granted(grant)) if inner.epoch_changed(bucket, grant.epoch) => {
+                    // The store forgot the bucket (a restart without persistence, a flush): the slots
+                    // already handed out are no longer in it, and this grant came from a full bucket.
+                    // Put this replica's share of the queue back, then reserve again behind it.
+                    match inner.reconcile_shared(bucket).await {
+                        Ok(charged) => {
+                            tracing::warn!(bucket = %bucket.key, charged, "the store lost this bucket's state (restarted without persistence?); charged it with this replica's recent use")
+                        }
+                        Err(e) => {
+                            tracing::warn!(bucket = %bucket.key, error = %e, "the store lost this bucket's state and it could not be reconciled")
+                        }
+                    }
+                    match inner.primary.acquire(bucket, cost, max_wait).await {
+                        Ok(decision) => {
+                            if let Decision::Granted(grant) = &decision {
+                                inner.remember(bucket, grant, cost);
+                            }
+                            return Ok(decision);
+                        }
+                        Err(e) => inner.failed(&e),
+                    }
+                }
                 Ok(decision) => {
                     if let Decision::Granted(grant) = &decision {
                         inner.remember(bucket, grant, cost);
@@ -332,6 +372,7 @@ impl Store for FallbackStore {
                 message: "store unreachable and fallback.mode is closed".into(),
             }),
             FallbackMode::Open => Ok(Decision::Granted(Grant {
+                epoch: 0,
                 wait: Duration::ZERO,
                 seq: 0,
             })),

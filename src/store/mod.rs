@@ -44,6 +44,9 @@ pub struct Grant {
     pub wait: Duration,
     /// The reservation's sequence number in the bucket.
     pub seq: u64,
+    /// When the bucket's stored state was created: a change means the store lost it (e.g. a Redis
+    /// restart without persistence) and with it the queue of slots already handed out.
+    pub epoch: u64,
 }
 
 /// Why a reservation was refused (nothing was taken).

@@ -340,17 +340,22 @@ fn is_transient(e: &RedisError) -> bool {
     matches!(e.code(), Some("BUSY" | "OOM"))
 }
 
-/// Decodes `acquire.lua`'s reply `{status, wait_us, seq}` (see the script's header).
+/// Decodes `acquire.lua`'s reply `{status, wait_us, seq[, epoch]}` (see the script's header).
 pub fn decode_acquire(reply: &Value) -> Result<Decision, StoreError> {
     let bad = || StoreError {
         transient: false,
-        message: format!("acquire.lua replied {reply:?}, expected [status, wait_us, seq]"),
+        message: format!("acquire.lua replied {reply:?}, expected [status, wait_us, seq, epoch]"),
     };
     let Value::Array(items) = reply else {
         return Err(bad());
     };
-    let [Value::Int(status), Value::Int(wait_us), Value::Int(seq)] = items.as_slice() else {
-        return Err(bad());
+    let (status, wait_us, seq, epoch) = match items.as_slice() {
+        [Value::Int(status), Value::Int(wait_us), Value::Int(seq), Value::Int(epoch)] => {
+            (status, wait_us, seq, *epoch)
+        }
+        // Refusals carry no epoch.
+        [Value::Int(status), Value::Int(wait_us), Value::Int(seq)] => (status, wait_us, seq, 0),
+        _ => return Err(bad()),
     };
     let wait = u64::try_from(*wait_us)
         .map(Duration::from_micros)
@@ -359,6 +364,7 @@ pub fn decode_acquire(reply: &Value) -> Result<Decision, StoreError> {
         1 => Ok(Decision::Granted(Grant {
             wait,
             seq: u64::try_from(*seq).map_err(|_| bad())?,
+            epoch: u64::try_from(epoch).map_err(|_| bad())?,
         })),
         0 => Ok(Decision::Refused(Refusal::TooLong { wait })),
         -1 => Ok(Decision::Refused(Refusal::CostOverCapacity)),
@@ -442,17 +448,19 @@ mod tests {
         // seq starts at Redis TIME in microseconds: well past 2^50, still exact.
         let seq = 1_795_945_838_359_517_i64;
         assert_eq!(
-            decode_acquire(&ints(&[1, 250_000, seq])).expect("decodes"),
+            decode_acquire(&ints(&[1, 250_000, seq, seq - 40])).expect("decodes"),
             Decision::Granted(Grant {
                 wait: Duration::from_millis(250),
                 seq: seq as u64,
+                epoch: seq as u64 - 40,
             })
         );
         assert_eq!(
             decode_acquire(&ints(&[1, 0, 7])).expect("decodes"),
             Decision::Granted(Grant {
                 wait: Duration::ZERO,
-                seq: 7
+                seq: 7,
+                epoch: 0,
             })
         );
     }
@@ -477,7 +485,8 @@ mod tests {
             Value::Nil,
             Value::Int(1),
             ints(&[1, 0]),
-            ints(&[1, 0, 5, 6]),
+            ints(&[1, 0, 5, 6, 7]),
+            ints(&[1, 0, 5, -6]),
             ints(&[2, 0, 5]),
             ints(&[1, -3, 5]),
             ints(&[1, 0, -5]),

@@ -584,7 +584,9 @@ mod redis_only {
                 "ts",
                 &T0.to_string(),
                 "seq",
-                &(T0 + 1).to_string()
+                &(T0 + 1).to_string(),
+                "epoch",
+                &T0.to_string()
             ],
             "integers stored exactly"
         );

@@ -57,7 +57,12 @@ impl Store for NaiveStore {
             .map_err(err)?;
         let now = self.clock.now_micros();
         let mut state = match (tokens, ts, seq) {
-            (Some(tokens), Some(ts), Some(seq)) => BucketState { tokens, ts, seq },
+            (Some(tokens), Some(ts), Some(seq)) => BucketState {
+                tokens,
+                ts,
+                seq,
+                epoch: 0,
+            },
             _ => BucketState::full(b.limit, now),
         };
         let decision = state.reserve(b.limit, now, cost, max_wait);

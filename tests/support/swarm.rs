@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::client::{client, get};
+use super::client::{client, get, TestClient};
 use super::fake_provider::FakeProvider;
 use super::window::{self, WindowReport};
 
@@ -49,25 +49,97 @@ pub async fn run(
     rate: f64,
     capacity: f64,
 ) -> SwarmRun {
-    let before = provider.arrivals().len();
-    let start = Instant::now();
-    let stop_at = start + duration;
-    let mut tasks = Vec::new();
-    for i in 0..clients {
-        let c = client();
-        let url = Arc::new(urls[i % urls.len()].clone());
-        tasks.push(tokio::spawn(async move {
-            let mut statuses = Vec::new();
-            while Instant::now() < stop_at {
-                statuses.push(get(&c, &url, &[]).await.status.as_u16());
-            }
-            statuses
-        }));
+    Swarm::warm(provider, urls, clients, rate, capacity)
+        .await
+        .run(duration)
+        .await
+}
+
+/// A swarm whose connections are open and warm (client → tollgate → provider), its bucket full again.
+pub struct Swarm<'a> {
+    provider: &'a FakeProvider,
+    clients: Vec<(TestClient, Arc<String>)>,
+    rate: f64,
+    capacity: f64,
+}
+
+impl<'a> Swarm<'a> {
+    /// Sends one request per client (opening every connection the run will use), then waits until the
+    /// bucket is full again: cold TCP connects would otherwise delay parts of the opening burst by
+    /// several ms, which is the test's set-up, not tollgate's timing.
+    pub async fn warm(
+        provider: &'a FakeProvider,
+        urls: &[String],
+        clients: usize,
+        rate: f64,
+        capacity: f64,
+    ) -> Swarm<'a> {
+        let clients: Vec<(TestClient, Arc<String>)> = (0..clients)
+            .map(|i| (client(), Arc::new(urls[i % urls.len()].clone())))
+            .collect();
+        let warm: Vec<_> = clients
+            .iter()
+            .map(|(c, url)| {
+                let (c, url) = (c.clone(), url.clone());
+                tokio::spawn(async move { get(&c, &url, &[]).await.status })
+            })
+            .collect();
+        for w in warm {
+            let _ = w.await;
+        }
+        tokio::time::sleep(Duration::from_secs_f64(capacity / rate * 2.0 + 0.1)).await;
+        Swarm {
+            provider,
+            clients,
+            rate,
+            capacity,
+        }
     }
-    let mut statuses = Vec::new();
-    for t in tasks {
-        statuses.extend(t.await.expect("client"));
+
+    /// Requests sent while warming.
+    pub fn warm_up_requests(&self) -> usize {
+        self.clients.len()
     }
+
+    /// Loops every client for `duration`, then checks the provider's arrivals.
+    pub async fn run(self, duration: Duration) -> SwarmRun {
+        let Swarm {
+            provider,
+            clients,
+            rate,
+            capacity,
+        } = self;
+        let before = provider.arrivals().len();
+        let start = Instant::now();
+        let stop_at = start + duration;
+        let tasks: Vec<_> = clients
+            .into_iter()
+            .map(|(c, url)| {
+                tokio::spawn(async move {
+                    let mut statuses = Vec::new();
+                    while Instant::now() < stop_at {
+                        statuses.push(get(&c, &url, &[]).await.status.as_u16());
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        let mut statuses = Vec::new();
+        for t in tasks {
+            statuses.extend(t.await.expect("client"));
+        }
+        check(provider, before, start, statuses, rate, capacity)
+    }
+}
+
+fn check(
+    provider: &FakeProvider,
+    before: usize,
+    start: Instant,
+    statuses: Vec<u16>,
+    rate: f64,
+    capacity: f64,
+) -> SwarmRun {
     let times: Vec<Duration> = provider.arrival_times()[before..]
         .iter()
         .map(|a| a.saturating_duration_since(start))

@@ -249,3 +249,40 @@ async fn open_forwards_everything_and_says_so_at_error() {
     assert_eq!(lines.len(), 1, "{}", proc.log_text());
     assert!(lines[0].contains("\"level\":\"ERROR\""), "{}", lines[0]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_loses_its_data_mid_run_does_not_lose_the_queue() {
+    // FLUSHALL stands in for a restart without persistence that no request noticed: every bucket
+    // comes back full while slots handed out before are still being released.
+    let (rate, capacity) = (20.0, 10.0);
+    let redis = std::sync::Arc::new(RedisServer::start());
+    let p = FakeProvider::start_with(Some(OwnLimit {
+        rate,
+        capacity,
+        jitter: JITTER,
+    }))
+    .await;
+    let toml = format!(
+        "{EPHEMERAL}{}{}",
+        store(&redis, "local", 2),
+        provider("geo", &p.url(), rate, capacity)
+    );
+    let replicas = [Tollgate::start(&toml).await, Tollgate::start(&toml).await];
+    let urls: Vec<String> = replicas.iter().map(|t| t.url("/geo/q")).collect();
+    let flusher = {
+        let redis = redis.clone();
+        tokio::task::spawn_blocking(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            assert_eq!(redis.command(&["FLUSHALL"]), "OK");
+        })
+    };
+    let run = swarm::run(&p, &urls, 20, Duration::from_secs(4), rate, capacity).await;
+    flusher.await.expect("flusher");
+    assert_eq!(run.server_errors(), 0);
+    assert!(
+        run.report.holds(),
+        "the flushed bucket re-issued queued slots: {:?}",
+        run.report
+    );
+    assert_eq!(p.breaches(), 0);
+}

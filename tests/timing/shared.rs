@@ -95,14 +95,11 @@ async fn three_replicas_on_one_redis_hold_the_bound_with_one_script_call_per_req
         Tollgate::start(&toml).await,
     ];
     let urls: Vec<String> = replicas.iter().map(|t| t.url("/geo/search?q=x")).collect();
-    // Load the script once (the first calls meet NOSCRIPT and reload it), then count from zero.
-    let c = client();
-    assert_eq!(get(&c, &urls[0], &[]).await.status, 200);
-    tokio::time::sleep(Duration::from_secs_f64(capacity / rate)).await;
+    // Warm up (the first calls also meet NOSCRIPT and load the script), then count from zero.
+    let swarm = swarm::Swarm::warm(&p, &urls, 60, rate, capacity).await;
     let p_before = p.arrivals().len();
     redis.command(&["CONFIG", "RESETSTAT"]);
-    let run = swarm::run(&p, &urls, 60, Duration::from_secs(5), rate, capacity).await;
-    eprintln!("{}", redis.command(&["INFO", "commandstats"]));
+    let run = swarm.run(Duration::from_secs(5)).await;
     assert_eq!(p.arrivals().len() - p_before, run.requests());
     let calls = script_calls(&redis);
     let per_request = calls as f64 / run.requests() as f64;
