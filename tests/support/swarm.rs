@@ -25,6 +25,8 @@ pub struct SwarmRun {
     pub utilisation: f64,
     /// From start to the last arrival.
     pub span: Duration,
+    /// Requests sent while warming up, before the measured run.
+    pub warm_up: usize,
 }
 
 impl SwarmRun {
@@ -103,6 +105,7 @@ impl<'a> Swarm<'a> {
 
     /// Loops every client for `duration`, then checks the provider's arrivals.
     pub async fn run(self, duration: Duration) -> SwarmRun {
+        let warm_up = self.warm_up_requests();
         let Swarm {
             provider,
             clients,
@@ -128,7 +131,9 @@ impl<'a> Swarm<'a> {
         for t in tasks {
             statuses.extend(t.await.expect("client"));
         }
-        check(provider, before, start, statuses, rate, capacity)
+        let mut run = check(provider, before, start, statuses, rate, capacity);
+        run.warm_up = warm_up;
+        run
     }
 }
 
@@ -157,6 +162,7 @@ fn check(
         report,
         utilisation,
         span,
+        warm_up: 0,
     };
     eprintln!(
         "swarm: {} requests, {} arrivals over {:.3}s; worst window {} in {:?} from {:?} vs bound {:.2} (excess {:+.2}); utilisation {:.3}; 5xx {}",
