@@ -47,6 +47,7 @@ async fn redis_killed_mid_swarm_degrades_to_local_limits_without_a_breach_or_a_5
         .collect();
     let admins: Vec<String> = replicas.iter().map(|r| r.admin.clone()).collect();
 
+    let swarm = swarm::Swarm::warm(&p, &urls, 20, rate, capacity).await;
     let outage = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         redis.stop();
@@ -65,7 +66,7 @@ async fn redis_killed_mid_swarm_degrades_to_local_limits_without_a_breach_or_a_5
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
-    let run = swarm::run(&p, &urls, 20, Duration::from_secs(7), rate, capacity).await;
+    let run = swarm.run(Duration::from_secs(7)).await;
     let (recovery, _redis) = outage.await.expect("outage task");
     eprintln!("recovery: both replicas shared again {recovery:?} after Redis came back");
     for r in &replicas {
@@ -80,7 +81,7 @@ async fn redis_killed_mid_swarm_degrades_to_local_limits_without_a_breach_or_a_5
     assert_eq!(run.server_errors(), 0, "no 5xx from tollgate in local mode");
     assert_eq!(
         p.arrivals().len(),
-        run.requests(),
+        run.warm_up + run.requests(),
         "every request reached the provider exactly once"
     );
     assert!(
@@ -269,6 +270,7 @@ async fn a_redis_that_loses_its_data_mid_run_does_not_lose_the_queue() {
     );
     let replicas = [Tollgate::start(&toml).await, Tollgate::start(&toml).await];
     let urls: Vec<String> = replicas.iter().map(|t| t.url("/geo/q")).collect();
+    let swarm = swarm::Swarm::warm(&p, &urls, 20, rate, capacity).await;
     let flusher = {
         let redis = redis.clone();
         tokio::task::spawn_blocking(move || {
@@ -276,7 +278,7 @@ async fn a_redis_that_loses_its_data_mid_run_does_not_lose_the_queue() {
             assert_eq!(redis.command(&["FLUSHALL"]), "OK");
         })
     };
-    let run = swarm::run(&p, &urls, 20, Duration::from_secs(4), rate, capacity).await;
+    let run = swarm.run(Duration::from_secs(4)).await;
     flusher.await.expect("flusher");
     assert_eq!(run.server_errors(), 0);
     assert!(

@@ -232,6 +232,7 @@ async fn flushing_the_script_cache_mid_run_fails_no_request() {
     );
     let replicas = [Tollgate::start(&toml).await, Tollgate::start(&toml).await];
     let urls: Vec<String> = replicas.iter().map(|t| t.url("/geo/q")).collect();
+    let swarm = swarm::Swarm::warm(&p, &urls, 20, rate, capacity).await;
     let flusher = {
         let redis = redis.clone();
         tokio::task::spawn_blocking(move || {
@@ -241,7 +242,7 @@ async fn flushing_the_script_cache_mid_run_fails_no_request() {
             }
         })
     };
-    let run = swarm::run(&p, &urls, 20, Duration::from_secs(2), rate, capacity).await;
+    let run = swarm.run(Duration::from_secs(2)).await;
     flusher.await.expect("flusher");
     assert!(
         run.statuses.iter().all(|s| *s == 200),
