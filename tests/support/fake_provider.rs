@@ -14,8 +14,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Notify};
-use tokio::task::JoinHandle;
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 /// One request as the provider saw it.
@@ -70,7 +69,7 @@ struct State {
 pub struct FakeProvider {
     addr: SocketAddr,
     state: Arc<State>,
-    task: JoinHandle<()>,
+    stop: Option<oneshot::Sender<()>>,
 }
 
 impl FakeProvider {
@@ -81,9 +80,8 @@ impl FakeProvider {
 
     /// Starts a provider that enforces `limit` itself.
     pub async fn start_with(limit: Option<OwnLimit>) -> FakeProvider {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind provider");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind provider");
+        listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("provider addr");
         let state = Arc::new(State {
             arrivals: Mutex::new(Vec::new()),
@@ -93,21 +91,42 @@ impl FakeProvider {
             stream_gate: Notify::new(),
         });
         let st = state.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
+        let (stop, stopped) = oneshot::channel::<()>();
+        // Its own thread and runtime: arrival times are taken when requests arrive, not when a
+        // runtime busy with the test's clients gets round to them.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("provider runtime");
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(listener).expect("provider listener");
+                let serve = async {
+                    loop {
+                        let Ok((stream, _)) = listener.accept().await else {
+                            continue;
+                        };
+                        let _ = stream.set_nodelay(true);
+                        let st = st.clone();
+                        tokio::spawn(async move {
+                            let svc = service_fn(move |req| answer(st.clone(), req));
+                            let _ = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), svc)
+                                .await;
+                        });
+                    }
                 };
-                let st = st.clone();
-                tokio::spawn(async move {
-                    let svc = service_fn(move |req| answer(st.clone(), req));
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
-                });
-            }
+                tokio::select! {
+                    () = serve => {}
+                    _ = stopped => {}
+                }
+            });
         });
-        FakeProvider { addr, state, task }
+        FakeProvider {
+            addr,
+            state,
+            stop: Some(stop),
+        }
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -148,7 +167,9 @@ impl FakeProvider {
 
 impl Drop for FakeProvider {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 }
 
