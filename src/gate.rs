@@ -81,7 +81,11 @@ impl Ticket {
 
     /// Sleeps until the slot; from then on the slot counts as used.
     pub async fn hold(mut self) {
-        tokio::time::sleep_until(self.slot).await;
+        // A slot that is already due needs no timer: tokio rounds deadlines up to its next 1 ms tick,
+        // which would park every pass-through request for about a millisecond.
+        if !self.grant.wait.is_zero() {
+            tokio::time::sleep_until(self.slot).await;
+        }
         self.used = true;
     }
 }

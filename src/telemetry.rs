@@ -129,6 +129,8 @@ pub struct BucketMetrics {
     /// 1 while the bucket runs on the fallback limiter.
     pub fallback_active: Gauge,
     responses: Family<CodeLabels, Counter>,
+    /// The 200 answers' counter, resolved once: the common case allocates nothing.
+    responses_200: Counter,
 }
 
 impl BucketMetrics {
@@ -140,6 +142,10 @@ impl BucketMetrics {
 
     /// Counts one upstream answer by status code.
     pub fn upstream_response(&self, code: u16) {
+        if code == 200 {
+            self.responses_200.inc();
+            return;
+        }
         self.responses
             .get_or_create(&CodeLabels {
                 bucket: self.name.clone(),
@@ -242,6 +248,13 @@ impl Metrics {
             held: self.held.get_or_create(&label).clone(),
             fallback_active: self.fallback_active.get_or_create(&label).clone(),
             responses: self.upstream_responses.clone(),
+            responses_200: self
+                .upstream_responses
+                .get_or_create(&CodeLabels {
+                    bucket: name.to_string(),
+                    code: 200,
+                })
+                .clone(),
         }
     }
 

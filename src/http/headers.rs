@@ -11,6 +11,10 @@ const HOP_BY_HOP: [&str; 3] = ["keep-alive", "proxy-connection", "connection"];
 
 /// Removes hop-by-hop headers: the fixed list and every header named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests carry none of them: one pass over the names decides.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(CONNECTION)
         .iter()
@@ -37,16 +41,30 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    *name == CONNECTION
+        || *name == TE
+        || *name == TRAILER
+        || *name == TRANSFER_ENCODING
+        || *name == UPGRADE
+        || *name == PROXY_AUTHORIZATION
+        || *name == PROXY_AUTHENTICATE
+        || HOP_BY_HOP.contains(&name.as_str())
+}
+
 /// Removes every `X-Tollgate-*` header (instructions to the proxy, never for the provider).
 pub fn strip_tollgate(headers: &mut HeaderMap) {
-    let ours: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("x-tollgate-"))
-        .cloned()
-        .collect();
+    if !headers.keys().any(is_tollgate) {
+        return;
+    }
+    let ours: Vec<HeaderName> = headers.keys().filter(|k| is_tollgate(k)).cloned().collect();
     for name in ours {
         headers.remove(name);
     }
+}
+
+fn is_tollgate(name: &HeaderName) -> bool {
+    name.as_str().starts_with("x-tollgate-")
 }
 
 #[cfg(test)]
