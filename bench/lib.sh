@@ -267,5 +267,12 @@ busy_percent() {
   sleep "$secs"
   b=$(awk '/^cpu / { print $2+$3+$4+$7+$8+$9, $5+$6 }' /proc/stat)
   awk -v a="$a" -v b="$b" 'BEGIN { split(a, x, " "); split(b, y, " ");
-    busy = y[1] - x[1]; idle = y[2] - x[2]; printf "%.0f", (busy + idle) > 0 ? 100 * busy / (busy + idle) : 0 }'
+    busy = y[1] - x[1]; idle = y[2] - x[2]; total = busy + idle; if (total < 1) total = 1; printf "%.0f", 100 * busy / total }'
+}
+
+# listen_overflows: the kernel's TcpExt ListenOverflows counter (machine-wide): connections dropped
+# because a listener's accept queue was full.
+listen_overflows() {
+  awk '/^TcpExt:/ { if (!h) { for (i = 1; i <= NF; i++) n[i] = $i; h = 1 }
+    else { for (i = 1; i <= NF; i++) if (n[i] == "ListenOverflows") print $i } }' /proc/net/netstat
 }

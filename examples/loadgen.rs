@@ -4,9 +4,9 @@
 //!   for a fixed time. No request starts after the deadline; those in flight then finish and count.
 //!   Prints one `key=value` line: requests, ok (2xx), non2xx, errors, rps, p50_us, p99_us. It is the
 //!   fallback when `wrk` is not installed, and the callers of the contended-rate step.
-//! - `held`: N connections with one GET each, all held by tollgate at once (two priming requests of
-//!   cost = capacity put the bucket's next slot `capacity / rate` seconds away first), then released
-//!   at the bucket's rate. Watches the admin `/metrics` for `tollgate_held_requests` and the proxy's
+//! - `held`: N connections opened first (idle), then one GET each, all held by tollgate at once (two
+//!   priming requests of cost = capacity put the bucket's next slot `capacity / rate` seconds away
+//!   first), then released at the bucket's rate. Watches the admin `/metrics` for `tollgate_held_requests` and the proxy's
 //!   `/proc/PID` for memory and CPU. Prints one `key=value` line.
 //!
 //! ```text
@@ -16,6 +16,7 @@
 //! ```
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 #[derive(Parser)]
@@ -265,6 +266,11 @@ fn proc_status_kb(pid: u32, field: &str) -> Option<u64> {
         .and_then(|n| n.parse().ok())
 }
 
+/// File descriptors `pid` has open (its sockets, mostly).
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
 /// utime + stime of /proc/PID/stat, in clock ticks.
 fn cpu_ticks(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -348,30 +354,24 @@ async fn held(
     let start = Instant::now();
     let give_up = start + deadline;
     let rss_before = proc_status_kb(pid, "VmRSS").unwrap_or(0);
+    let fds_before = open_fds(pid);
 
-    // Priming: the first takes the whole (full) bucket at once, the second waits capacity / rate.
-    let mut first = connect(&target).await.expect("priming connection");
-    let status = exchange(&mut first, target.request(Some(prime_cost)))
-        .await
-        .expect("first priming request");
-    assert!(status.is_success(), "first priming request: {status}");
-    let primed_target = target.clone();
-    let primer = tokio::spawn(async move {
-        let mut second = connect(&primed_target).await.expect("priming connection");
-        let status = exchange(&mut second, primed_target.request(Some(prime_cost))).await;
-        (status, Instant::now())
-    });
-
-    // The held requests: connect (a bounded number at a time), send, wait.
+    // First the connections, each then waiting for the go: memory with connections open but idle.
     let connects = Arc::new(Semaphore::new(connect_concurrency));
+    let connected = Arc::new(AtomicUsize::new(0));
+    let (go, ready) = watch::channel(false);
     let tasks: Vec<_> = (0..requests)
         .map(|_| {
             let target = target.clone();
             let connects = connects.clone();
+            let connected = connected.clone();
+            let mut ready = ready.clone();
             tokio::spawn(async move {
                 let permit = connects.acquire_owned().await.expect("semaphore open");
                 let sender = connect(&target).await;
                 drop(permit);
+                connected.fetch_add(1, Ordering::AcqRel);
+                let _ = ready.wait_for(|go| *go).await;
                 let result = match sender {
                     Ok(mut s) => timeout(
                         give_up.saturating_duration_since(Instant::now()),
@@ -385,6 +385,36 @@ async fn held(
             })
         })
         .collect();
+    while connected.load(Ordering::Acquire) < requests && Instant::now() < give_up {
+        sleep(Duration::from_millis(50)).await;
+    }
+    let connected_after = (Instant::now() - start).as_secs_f64();
+    // A connect completes before the proxy accepts it: wait (bounded) until it holds them all, then
+    // a moment more for their first reads.
+    let accepted_by = Instant::now() + Duration::from_secs(15);
+    while open_fds(pid) < fds_before + requests && Instant::now() < accepted_by {
+        sleep(Duration::from_millis(50)).await;
+    }
+    let accepted_after = (Instant::now() - start).as_secs_f64();
+    sleep(Duration::from_millis(500)).await;
+    let rss_connected = proc_status_kb(pid, "VmRSS").unwrap_or(0);
+    let proxy_fds = open_fds(pid);
+
+    // Priming: the first takes the whole (full) bucket at once, the second waits capacity / rate.
+    let mut first = connect(&target).await.expect("priming connection");
+    let status = exchange(&mut first, target.request(Some(prime_cost)))
+        .await
+        .expect("first priming request");
+    assert!(status.is_success(), "first priming request: {status}");
+    let primed_target = target.clone();
+    let primer = tokio::spawn(async move {
+        let mut second = connect(&primed_target).await.expect("priming connection");
+        let status = exchange(&mut second, primed_target.request(Some(prime_cost))).await;
+        (status, Instant::now())
+    });
+    // Then every connection sends its request at once.
+    let sent_at = Instant::now();
+    go.send_replace(true);
 
     // Wait until the proxy reports them all held, then sample memory and CPU while they are.
     // RSS is taken whenever the held count reaches a new peak, so it is reported even if not all
@@ -392,6 +422,7 @@ async fn held(
     let mut peak = 0u64;
     let mut rss_holding = 0;
     let mut all_held_at = None;
+    let mut held_after = f64::NAN;
     while Instant::now() < give_up && !primer.is_finished() {
         let held = held_now(&admin).await.unwrap_or(0);
         if held > peak {
@@ -400,6 +431,7 @@ async fn held(
         }
         if held >= requests as u64 {
             all_held_at = Some(Instant::now());
+            held_after = (Instant::now() - sent_at).as_secs_f64();
             break;
         }
         sleep(Duration::from_millis(100)).await;
@@ -447,9 +479,10 @@ async fn held(
     };
     println!(
         "requests={requests} ok={ok} non2xx={non2xx} errors={errors} primer_ok={primer_ok} \
-         held_peak={peak} all_held_after_s={:.2} rss_before_kb={rss_before} rss_holding_kb={rss_holding} \
-         vmhwm_kb={} cpu_holding_pct={cpu_holding:.1} release_s={:.3} cpu_release_pct={cpu_release:.1}",
-        all_held_at.map_or(f64::NAN, |t| (t - start).as_secs_f64()),
+         connected_after_s={connected_after:.2} accepted_after_s={accepted_after:.2} proxy_fds={proxy_fds} held_peak={peak} \
+         all_held_after_s={held_after:.2} rss_before_kb={rss_before} rss_connected_kb={rss_connected} \
+         rss_holding_kb={rss_holding} vmhwm_kb={} cpu_holding_pct={cpu_holding:.1} release_s={:.3} \
+         cpu_release_pct={cpu_release:.1}",
         proc_status_kb(pid, "VmHWM").unwrap_or(0),
         (last_done - released_at).as_secs_f64(),
     );
