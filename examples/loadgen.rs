@@ -71,9 +71,13 @@ enum Mode {
         /// Cost of the two priming requests: the bucket's capacity.
         #[arg(long)]
         prime_cost: f64,
-        /// Connects in progress at once (keeps the proxy's accept queue from overflowing).
-        #[arg(long, default_value_t = 256)]
+        /// Connects in progress at once.
+        #[arg(long, default_value_t = 128)]
         connect_concurrency: usize,
+        /// Connections opened before waiting for the proxy to accept them (keeps its accept queue,
+        /// 1024 deep by default, from overflowing).
+        #[arg(long, default_value_t = 500)]
+        connect_batch: usize,
         /// How long CPU is sampled while everything is held.
         #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
         cpu_window: Duration,
@@ -342,6 +346,7 @@ async fn held(
     requests: usize,
     prime_cost: f64,
     connect_concurrency: usize,
+    connect_batch: usize,
     cpu_window: Duration,
     deadline: Duration,
 ) {
@@ -357,16 +362,22 @@ async fn held(
     let fds_before = open_fds(pid);
 
     // First the connections, each then waiting for the go: memory with connections open but idle.
+    // They are opened in batches, each waiting (bounded) until the proxy has accepted the previous
+    // ones: a connect completes in the kernel before the proxy accepts it, and an unpaced burst of
+    // thousands overflows the listener's accept queue (see `listen_overflows` in bench/run).
     let connects = Arc::new(Semaphore::new(connect_concurrency));
     let connected = Arc::new(AtomicUsize::new(0));
     let (go, ready) = watch::channel(false);
-    let tasks: Vec<_> = (0..requests)
-        .map(|_| {
+    let mut tasks = Vec::with_capacity(requests);
+    let mut accept_waits_timed_out = 0u32;
+    while tasks.len() < requests {
+        let batch = connect_batch.min(requests - tasks.len());
+        for _ in 0..batch {
             let target = target.clone();
             let connects = connects.clone();
             let connected = connected.clone();
             let mut ready = ready.clone();
-            tokio::spawn(async move {
+            tasks.push(tokio::spawn(async move {
                 let permit = connects.acquire_owned().await.expect("semaphore open");
                 let sender = connect(&target).await;
                 drop(permit);
@@ -382,20 +393,27 @@ async fn held(
                     Err(e) => Err(e),
                 };
                 (result, Instant::now())
-            })
-        })
-        .collect();
-    while connected.load(Ordering::Acquire) < requests && Instant::now() < give_up {
-        sleep(Duration::from_millis(50)).await;
+            }));
+        }
+        let wait_until = Instant::now() + Duration::from_secs(5);
+        while (connected.load(Ordering::Acquire) < tasks.len()
+            || open_fds(pid) < fds_before + tasks.len())
+            && Instant::now() < wait_until
+        {
+            sleep(Duration::from_millis(20)).await;
+        }
+        if Instant::now() >= wait_until {
+            accept_waits_timed_out += 1;
+        }
     }
     let connected_after = (Instant::now() - start).as_secs_f64();
-    // A connect completes before the proxy accepts it: wait (bounded) until it holds them all, then
-    // a moment more for their first reads.
+    // The last ones: wait (bounded) until the proxy holds them all.
     let accepted_by = Instant::now() + Duration::from_secs(15);
     while open_fds(pid) < fds_before + requests && Instant::now() < accepted_by {
         sleep(Duration::from_millis(50)).await;
     }
     let accepted_after = (Instant::now() - start).as_secs_f64();
+    // A moment more for their first reads.
     sleep(Duration::from_millis(500)).await;
     let rss_connected = proc_status_kb(pid, "VmRSS").unwrap_or(0);
     let proxy_fds = open_fds(pid);
@@ -412,6 +430,12 @@ async fn held(
         let status = exchange(&mut second, primed_target.request(Some(prime_cost))).await;
         (status, Instant::now())
     });
+    // Only once the second one is held (its reservation made) may the others go, or some would
+    // take the slots before it.
+    let primed_by = Instant::now() + Duration::from_secs(5);
+    while held_now(&admin).await.unwrap_or(0) < 1 && Instant::now() < primed_by {
+        sleep(Duration::from_millis(10)).await;
+    }
     // Then every connection sends its request at once.
     let sent_at = Instant::now();
     go.send_replace(true);
@@ -479,7 +503,8 @@ async fn held(
     };
     println!(
         "requests={requests} ok={ok} non2xx={non2xx} errors={errors} primer_ok={primer_ok} \
-         connected_after_s={connected_after:.2} accepted_after_s={accepted_after:.2} proxy_fds={proxy_fds} held_peak={peak} \
+         connected_after_s={connected_after:.2} accepted_after_s={accepted_after:.2} proxy_fds={proxy_fds} \
+         accept_waits_timed_out={accept_waits_timed_out} held_peak={peak} \
          all_held_after_s={held_after:.2} rss_before_kb={rss_before} rss_connected_kb={rss_connected} \
          rss_holding_kb={rss_holding} vmhwm_kb={} cpu_holding_pct={cpu_holding:.1} release_s={:.3} \
          cpu_release_pct={cpu_release:.1}",
@@ -511,6 +536,7 @@ fn main() {
             requests,
             prime_cost,
             connect_concurrency,
+            connect_batch,
             cpu_window,
             deadline,
         } => {
@@ -526,6 +552,7 @@ fn main() {
                 requests,
                 prime_cost,
                 connect_concurrency,
+                connect_batch,
                 cpu_window,
                 deadline,
             ));
