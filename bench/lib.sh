@@ -66,7 +66,7 @@ setup_tmp() {
   trap 'exit 130' INT TERM
 }
 
-# Installs nginx, redis-server (with redis-cli), wrk and curl if missing. wrk is optional: without it
+# Installs nginx, redis-server (with redis-cli), wrk, curl and ss (iproute2) if missing. wrk is optional: without it
 # the load steps use the Rust loadgen example.
 install_missing() {
   local sudo=""
@@ -77,6 +77,7 @@ install_missing() {
   command -v redis-cli >/dev/null 2>&1 || want+=(redis-tools)
   command -v wrk >/dev/null 2>&1 || want+=(wrk)
   command -v curl >/dev/null 2>&1 || want+=(curl)
+  command -v ss >/dev/null 2>&1 || want+=(iproute2)
   [ ${#want[@]} -gt 0 ] || return 0
   note "installing ${want[*]} (Debian packages)"
   $sudo apt-get update -qq
@@ -270,9 +271,3 @@ busy_percent() {
     busy = y[1] - x[1]; idle = y[2] - x[2]; total = busy + idle; if (total < 1) total = 1; printf "%.0f", 100 * busy / total }'
 }
 
-# listen_overflows: the kernel's TcpExt ListenOverflows counter (machine-wide): connections dropped
-# because a listener's accept queue was full.
-listen_overflows() {
-  awk '/^TcpExt:/ { if (!h) { for (i = 1; i <= NF; i++) n[i] = $i; h = 1 }
-    else { for (i = 1; i <= NF; i++) if (n[i] == "ListenOverflows") print $i } }' /proc/net/netstat
-}

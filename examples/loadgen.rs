@@ -367,6 +367,7 @@ async fn held(
     // thousands overflows the listener's accept queue (see `listen_overflows` in bench/run).
     let connects = Arc::new(Semaphore::new(connect_concurrency));
     let connected = Arc::new(AtomicUsize::new(0));
+    let slow_connects = Arc::new(AtomicUsize::new(0));
     let (go, ready) = watch::channel(false);
     let mut tasks = Vec::with_capacity(requests);
     let mut accept_waits_timed_out = 0u32;
@@ -376,11 +377,17 @@ async fn held(
             let target = target.clone();
             let connects = connects.clone();
             let connected = connected.clone();
+            let slow = slow_connects.clone();
             let mut ready = ready.clone();
             tasks.push(tokio::spawn(async move {
                 let permit = connects.acquire_owned().await.expect("semaphore open");
+                let began = Instant::now();
                 let sender = connect(&target).await;
                 drop(permit);
+                // Over half a second on loopback: the SYN was dropped (full accept queue) and resent.
+                if began.elapsed() > Duration::from_millis(500) {
+                    slow.fetch_add(1, Ordering::AcqRel);
+                }
                 connected.fetch_add(1, Ordering::AcqRel);
                 let _ = ready.wait_for(|go| *go).await;
                 let result = match sender {
@@ -504,10 +511,11 @@ async fn held(
     println!(
         "requests={requests} ok={ok} non2xx={non2xx} errors={errors} primer_ok={primer_ok} \
          connected_after_s={connected_after:.2} accepted_after_s={accepted_after:.2} proxy_fds={proxy_fds} \
-         accept_waits_timed_out={accept_waits_timed_out} held_peak={peak} \
+         accept_waits_timed_out={accept_waits_timed_out} slow_connects={} held_peak={peak} \
          all_held_after_s={held_after:.2} rss_before_kb={rss_before} rss_connected_kb={rss_connected} \
          rss_holding_kb={rss_holding} vmhwm_kb={} cpu_holding_pct={cpu_holding:.1} release_s={:.3} \
          cpu_release_pct={cpu_release:.1}",
+        slow_connects.load(Ordering::Acquire),
         proc_status_kb(pid, "VmHWM").unwrap_or(0),
         (last_done - released_at).as_secs_f64(),
     );
