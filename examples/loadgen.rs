@@ -407,7 +407,7 @@ async fn held(
             || open_fds(pid) < fds_before + tasks.len())
             && Instant::now() < wait_until
         {
-            sleep(Duration::from_millis(20)).await;
+            sleep(Duration::from_millis(50)).await;
         }
         if Instant::now() >= wait_until {
             accept_waits_timed_out += 1;
