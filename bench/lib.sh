@@ -248,7 +248,10 @@ EOF
 load() {
   local url=$1 secs=$2 conns=$3
   if command -v wrk >/dev/null 2>&1 && [ -z "${BENCH_NO_WRK:-}" ]; then
-    timeout $((secs + 30)) wrk -t "$(nproc)" -c "$conns" -d "${secs}s" --timeout 10s \
+    local threads
+    threads=$(nproc)
+    [ "$conns" -ge "$threads" ] || threads=$conns
+    timeout $((secs + 30)) wrk -t "$threads" -c "$conns" -d "${secs}s" --timeout 10s \
       -s "$BENCH_TMP/report.lua" "$url" | grep '^requests='
   else
     timeout $((secs + 30)) "$LOADGEN_BIN" closed --url "$url" --connections "$conns" \
