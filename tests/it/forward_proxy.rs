@@ -3,24 +3,11 @@
 use std::process::Command;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
-use crate::support::client::{client, get};
+use crate::support::client::{client, get, raw_first};
 use crate::support::fake_provider::FakeProvider;
 use crate::support::tollgate::{Tollgate, EPHEMERAL};
-
-/// Sends raw bytes and returns what comes back first (5 s deadline).
-async fn raw(proxy: std::net::SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(proxy).await.expect("connect");
-    s.write_all(bytes).await.expect("write");
-    let mut buf = vec![0u8; 8192];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .expect("answer")
-        .unwrap_or(0);
-    String::from_utf8_lossy(&buf[..n]).to_string()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_with_a_proxy_is_gated_like_base_url_mode() {
@@ -87,7 +74,7 @@ async fn an_unconfigured_host_is_refused_with_403_and_never_contacted() {
         format!("http://{}:1/", p.addr().ip()),
     ] {
         let req = format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n");
-        let answer = raw(t.proxy, req.as_bytes()).await;
+        let answer = raw_first(t.proxy, req.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 403"), "{target}: {answer}");
         assert!(answer.contains("host-not-allowed"), "{answer}");
     }

@@ -4,10 +4,8 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use hyper::Method;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
-use crate::support::client::{client, get, send};
+use crate::support::client::{client, get, raw_first, send};
 use crate::support::fake_provider::{Behaviour, FakeProvider};
 use crate::support::tollgate::{free_port, provider, Tollgate, EPHEMERAL};
 
@@ -88,18 +86,12 @@ async fn regions_route_by_path_or_header_onto_the_base_path() {
 #[tokio::test]
 async fn hop_by_hop_headers_are_stripped_both_ways() {
     let (p, t) = setup().await;
-    let mut s = TcpStream::connect(t.proxy).await.expect("connect");
-    s.write_all(
+    let head = raw_first(
+        t.proxy,
         b"GET /nominatim/x HTTP/1.1\r\nHost: tollgate\r\nConnection: keep-alive, X-Hop\r\nX-Hop: secret\r\nKeep-Alive: 5\r\nTE: trailers\r\nProxy-Authorization: Basic abc\r\nX-End: kept\r\n\r\n",
     )
     .await
-    .expect("write");
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .expect("answer")
-        .expect("read");
-    let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+    .to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(
         !head.contains("keep-alive: timeout=5"),
@@ -131,16 +123,8 @@ async fn request_bodies_reach_the_provider_intact() {
     .await;
     assert_eq!(a.status, 200);
     // And chunked, over raw TCP.
-    let mut s = TcpStream::connect(t.proxy).await.expect("connect");
-    s.write_all(b"POST /nominatim/chunked HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
-        .await
-        .expect("write");
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .expect("answer")
-        .expect("read");
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let answer = raw_first(t.proxy, b"POST /nominatim/chunked HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let got = p.arrivals();
     assert_eq!(got[0].method, "POST");
     assert_eq!(got[0].body, body.as_bytes());
@@ -289,14 +273,7 @@ async fn connect_and_upgrade_are_refused_with_405() {
         &b"CONNECT api.example:443 HTTP/1.1\r\nHost: api.example:443\r\n\r\n"[..],
         &b"GET /nominatim/ws HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"[..],
     ] {
-        let mut s = TcpStream::connect(t.proxy).await.expect("connect");
-        s.write_all(raw).await.expect("write");
-        let mut buf = vec![0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-            .await
-            .expect("answer")
-            .expect("read");
-        let text = String::from_utf8_lossy(&buf[..n]);
+        let text = raw_first(t.proxy, raw).await;
         assert!(text.starts_with("HTTP/1.1 405"), "{text}");
         assert!(text.contains("method-not-allowed"), "{text}");
     }

@@ -6,25 +6,10 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::client::{client, get};
+use crate::support::client::{client, get, raw_all};
 use crate::support::fake_provider::FakeProvider;
 use crate::support::raw_provider::RawProvider;
 use crate::support::tollgate::{provider, Tollgate};
-
-/// Sends raw bytes, returns everything read until the server closes or goes quiet for 1 s.
-async fn exchange(proxy: std::net::SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(proxy).await.expect("connect");
-    s.write_all(bytes).await.expect("write");
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&out).to_string()
-}
 
 async fn tokens(t: &Tollgate) -> f64 {
     let b = get(&client(), &t.admin_url("/buckets"), &[]).await.json();
@@ -38,7 +23,7 @@ async fn oversized_heads_and_bodies_are_refused_before_a_token_is_taken() {
     let p = FakeProvider::start().await;
     let t = Tollgate::start(&format!("{LIMITS}{}", provider("geo", &p.url(), 1.0, 5.0))).await;
     let many: String = (0..40).map(|i| format!("X-H{i}: v\r\n")).collect();
-    let answer = exchange(
+    let answer = raw_all(
         t.proxy,
         format!("GET /geo/x HTTP/1.1\r\nHost: t\r\n{many}\r\n").as_bytes(),
     )
@@ -48,7 +33,7 @@ async fn oversized_heads_and_bodies_are_refused_before_a_token_is_taken() {
         "too many headers: {answer}"
     );
     let big = "a".repeat(10_000);
-    let answer = exchange(
+    let answer = raw_all(
         t.proxy,
         format!("GET /geo/x HTTP/1.1\r\nHost: t\r\nX-Big: {big}\r\n\r\n").as_bytes(),
     )
@@ -58,7 +43,7 @@ async fn oversized_heads_and_bodies_are_refused_before_a_token_is_taken() {
         "head too large: {answer}"
     );
     let body = "b".repeat(2000);
-    let answer = exchange(
+    let answer = raw_all(
         t.proxy,
         format!("POST /geo/x HTTP/1.1\r\nHost: t\r\nContent-Length: 2000\r\n\r\n{body}").as_bytes(),
     )
@@ -149,7 +134,7 @@ async fn ambiguous_framing_is_refused_or_normalised_never_forwarded_as_is() {
             provider("p", &p.url(), 1000.0, 1000.0)
         ))
         .await;
-        let answer = exchange(t.proxy, bytes.as_bytes()).await;
+        let answer = raw_all(t.proxy, bytes.as_bytes()).await;
         let got = p.requests();
         match expect {
             Refused => {

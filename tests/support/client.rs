@@ -78,3 +78,34 @@ pub async fn send(
 pub async fn get(client: &TestClient, url: &str, headers: &[(&str, &str)]) -> Answer {
     send(client, Method::GET, url, headers, "").await
 }
+
+/// Sends raw bytes on a new connection and returns the first chunk of the answer (5 s deadline; empty
+/// when the server closes without answering).
+pub async fn raw_first(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(bytes).await.expect("write");
+    let mut buf = vec![0u8; 8192];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("an answer within 5 s")
+        .unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n]).to_string()
+}
+
+/// Sends raw bytes on a new connection and returns everything read until the server closes or is quiet
+/// for 1 s.
+pub async fn raw_all(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(bytes).await.expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
