@@ -152,11 +152,6 @@ fn check(
     let report = window::check(&times, rate, capacity, JITTER);
     let span = times.iter().max().copied().unwrap_or_default();
     let utilisation = times.len() as f64 / (capacity + rate * span.as_secs_f64());
-    if std::env::var_os("TOLLGATE_DUMP_ARRIVALS").is_some() {
-        let mut ms: Vec<u128> = times.iter().map(|t| t.as_millis()).collect();
-        ms.sort();
-        let _ = std::fs::write("/tmp/arrivals.txt", format!("{ms:?}"));
-    }
     let run = SwarmRun {
         statuses,
         report,
