@@ -7,7 +7,8 @@ use hyper::Method;
 
 use crate::support::client::{client, get, raw_first, send};
 use crate::support::fake_provider::{Behaviour, FakeProvider};
-use crate::support::tollgate::{free_port, provider, Tollgate, EPHEMERAL};
+use crate::support::free_port;
+use crate::support::tollgate::{provider, Tollgate, EPHEMERAL};
 
 async fn setup() -> (FakeProvider, Tollgate) {
     let p = FakeProvider::start().await;

@@ -6,7 +6,8 @@ use tokio::time::Instant;
 
 use crate::support::client::{client, get};
 use crate::support::fake_provider::{Behaviour, FakeProvider};
-use crate::support::tollgate::{free_port, provider, Tollgate, TollgateProcess, EPHEMERAL};
+use crate::support::free_port;
+use crate::support::tollgate::{provider, Tollgate, TollgateProcess, EPHEMERAL};
 
 #[tokio::test]
 async fn shutdown_drains_held_and_in_flight_requests_then_stops_listening() {
@@ -70,33 +71,13 @@ async fn shutdown_gives_up_after_the_grace_period() {
 #[tokio::test]
 async fn the_binary_drains_on_sigterm_and_exits_0() {
     let p = FakeProvider::start().await;
-    let (port, admin) = (free_port(), free_port());
-    let dir = std::env::temp_dir().join(format!("tollgate-sigterm-{port}"));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let cfg = dir.join("tollgate.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\nshutdown_grace = \"5s\"\n{}",
-            provider("geo", &p.url(), 2.0, 1.0)
-        ),
+    let mut proc = TollgateProcess::launch(
+        "shutdown_grace = \"5s\"",
+        &provider("geo", &p.url(), 2.0, 1.0),
     )
-    .expect("write config");
-    let mut proc = TollgateProcess::start(&cfg, dir.join("stderr.log"));
+    .await;
     let c = client();
-    let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(("127.0.0.1", admin))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "tollgate did not start: {}",
-            proc.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let base = proc.proxy.clone();
     assert_eq!(get(&c, &format!("{base}/geo/a"), &[]).await.status, 200);
     let (c2, url) = (c.clone(), format!("{base}/geo/held"));
     let held = tokio::spawn(async move { get(&c2, &url, &[]).await.status });
@@ -111,7 +92,6 @@ async fn the_binary_drains_on_sigterm_and_exits_0() {
     .expect("wait");
     assert_eq!(code.0, Some(0), "log:\n{}", code.1);
     assert!(code.1.contains("shutting down"), "{}", code.1);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]

@@ -14,6 +14,7 @@ use tollgate::store::{
 use tollgate::Config;
 
 use crate::support::redis_server::RedisServer;
+use crate::support::tollgate::redis_sections;
 
 const SEC: u64 = 1_000_000;
 const LONG: Duration = Duration::from_secs(3600);
@@ -74,10 +75,11 @@ fn redis_local() -> Harness {
 }
 
 fn store_config(url: &str, clock: &str) -> StoreConfig {
+    let timeout = format!("{}ms", TIMEOUT.as_millis());
     let text = format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntimeout = \"{}ms\"\nclock = \"{clock}\"\n\
-         [providers.p]\nupstream = \"http://127.0.0.1:1\"\nrate = 1\n",
-        TIMEOUT.as_millis()
+        "{}{}",
+        redis_sections(url, &timeout, clock, "local", 1),
+        crate::support::tollgate::provider("p", "http://127.0.0.1:1", 1.0, 1.0)
     );
     Config::from_toml("test.toml", &text)
         .expect("valid test config")

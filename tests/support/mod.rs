@@ -10,3 +10,7 @@ pub mod redis_server;
 pub mod swarm;
 pub mod tollgate;
 pub mod window;
+
+/// A loopback port the OS had free a moment ago (it lives in redis_server.rs, which the benches
+/// include on its own).
+pub use redis_server::free_port;

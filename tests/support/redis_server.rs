@@ -148,8 +148,8 @@ impl Drop for RedisServer {
     }
 }
 
-/// A port the OS had free a moment ago (the listener is closed before the server binds it).
-fn free_port() -> u16 {
+/// A loopback port the OS had free a moment ago (bound, then released before use).
+pub fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

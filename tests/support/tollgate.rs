@@ -11,6 +11,8 @@ use tokio::task::JoinHandle;
 use tollgate::telemetry::Metrics;
 use tollgate::{App, Config, Parts};
 
+use super::free_port;
+
 /// `[server]` lines binding both listeners to free loopback ports.
 pub const EPHEMERAL: &str = "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n";
 
@@ -98,11 +100,12 @@ pub struct TollgateProcess {
     pub child: Child,
     /// Its stderr log file.
     pub log: PathBuf,
-    /// Its proxy base URL, when started by [`TollgateProcess::launch`].
+    /// Its proxy base URL.
     pub proxy: String,
-    /// Its admin base URL, when started by [`TollgateProcess::launch`].
+    /// Its admin base URL.
     pub admin: String,
-    dir: Option<PathBuf>,
+    /// Its temp dir (config and log), removed on drop.
+    dir: PathBuf,
 }
 
 impl TollgateProcess {
@@ -141,7 +144,7 @@ impl TollgateProcess {
             log: dir.join("stderr.log"),
             proxy: format!("http://127.0.0.1:{port}"),
             admin: format!("http://127.0.0.1:{admin}"),
-            dir: Some(dir),
+            dir,
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while tokio::net::TcpStream::connect(("127.0.0.1", admin))
@@ -165,26 +168,6 @@ impl TollgateProcess {
             .filter(|l| l.contains(needle))
             .map(String::from)
             .collect()
-    }
-
-    /// Starts `tollgate run --config FILE` with fixed listen addresses written in the file.
-    pub fn start(config_file: &std::path::Path, log: PathBuf) -> TollgateProcess {
-        let err = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(binary())
-            .arg("run")
-            .arg("--config")
-            .arg(config_file)
-            .stdout(Stdio::null())
-            .stderr(err)
-            .spawn()
-            .expect("spawn tollgate");
-        TollgateProcess {
-            child,
-            log,
-            proxy: String::new(),
-            admin: String::new(),
-            dir: None,
-        }
     }
 
     /// Sends SIGTERM.
@@ -219,21 +202,19 @@ impl Drop for TollgateProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if let Some(dir) = &self.dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A free loopback port (bound then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 /// A provider section pointing at `upstream`.
 pub fn provider(name: &str, upstream: &str, rate: f64, capacity: f64) -> String {
     format!("[providers.{name}]\nupstream = \"{upstream}\"\nrate = {rate}\ncapacity = {capacity}\n")
+}
+
+/// `[store]` and `[fallback]` sections for a Redis store at `url`.
+pub fn redis_sections(url: &str, timeout: &str, clock: &str, mode: &str, replicas: u32) -> String {
+    format!(
+        "[store]\nbackend = \"redis\"\nurl = \"{url}\"\ntimeout = \"{timeout}\"\nclock = \"{clock}\"\n\
+         [fallback]\nmode = \"{mode}\"\nexpected_replicas = {replicas}\n"
+    )
 }

@@ -8,13 +8,10 @@ use crate::support::client::{client, get};
 use crate::support::fake_provider::{FakeProvider, OwnLimit};
 use crate::support::redis_server::RedisServer;
 use crate::support::swarm::{self, JITTER};
-use crate::support::tollgate::{provider, Tollgate, TollgateProcess, EPHEMERAL};
+use crate::support::tollgate::{provider, redis_sections, Tollgate, TollgateProcess, EPHEMERAL};
 
 fn store(redis: &RedisServer, mode: &str, replicas: u32) -> String {
-    format!(
-        "[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout = \"100ms\"\n[fallback]\nmode = \"{mode}\"\nexpected_replicas = {replicas}\n",
-        redis.url()
-    )
+    redis_sections(&redis.url(), "100ms", "redis", mode, replicas)
 }
 
 async fn mode_of(admin: &str) -> String {

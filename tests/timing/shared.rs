@@ -13,14 +13,12 @@ use crate::support::fake_provider::{FakeProvider, OwnLimit};
 use crate::support::naive_store::{NaiveStore, OffsetClock};
 use crate::support::redis_server::RedisServer;
 use crate::support::swarm::{self, JITTER};
-use crate::support::tollgate::{provider, Tollgate, EPHEMERAL};
+use crate::support::tollgate::{provider, redis_sections, Tollgate, EPHEMERAL};
 use crate::support::window;
 
 fn redis_toml(redis: &RedisServer, clock: &str, replicas: u32, providers: &str) -> String {
-    format!(
-        "{EPHEMERAL}[store]\nbackend = \"redis\"\nurl = \"{}\"\ntimeout = \"250ms\"\nclock = \"{clock}\"\n[fallback]\nexpected_replicas = {replicas}\n{providers}",
-        redis.url()
-    )
+    let store = redis_sections(&redis.url(), "250ms", clock, "local", replicas);
+    format!("{EPHEMERAL}{store}{providers}")
 }
 
 fn upstream() -> Arc<HttpClient> {
