@@ -24,18 +24,13 @@ note() {
 # Kills every process this script started (by pid), then removes the temp dir.
 cleanup() {
   local pid
+  # TERM to all first, so they stop in parallel; then each is waited for (or killed) by stop_pid.
   for pid in "${PIDS[@]}"; do
     kill -TERM "$pid" 2>/dev/null || true
   done
   for pid in "${PIDS[@]}"; do
-    for _ in $(seq 1 30); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    stop_pid "$pid"
   done
-  PIDS=()
   if [ -n "$BENCH_TMP" ] && [ -z "${BENCH_KEEP:-}" ]; then
     rm -rf "$BENCH_TMP"
   elif [ -n "$BENCH_TMP" ]; then
