@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate::store::{Clock, RedisStore, Store, WallClock};
+use tollgate::store::{Clock, RedisStore, WallClock};
 use tollgate::upstream::{GuardedResolver, HttpClient, Timeouts};
 use tollgate::{Config, Parts};
 
@@ -267,33 +267,4 @@ async fn queued_requests_on_redis_are_released_at_n_over_rate() {
         redis_toml(&redis, "redis", 1, &provider("geo", &p.url(), 20.0, 5.0))
     })
     .await;
-}
-
-#[tokio::test]
-async fn the_store_key_is_the_bucket_hash_tag_and_it_expires() {
-    let redis = RedisServer::start();
-    let p = FakeProvider::start().await;
-    let toml = redis_toml(
-        &redis,
-        "redis",
-        1,
-        "[providers.geo.regions.eu]\nupstream = \"http://127.0.0.1:9\"\nrate = 10\n",
-    );
-    let _ = p;
-    let config = Config::from_toml("t.toml", &toml).expect("valid");
-    let store = RedisStore::connect(&config.store, Arc::new(WallClock)).expect("store");
-    let bucket = tollgate::store::Bucket::from(&config.buckets[0]);
-    store
-        .acquire(&bucket, 1.0, Duration::from_secs(1))
-        .await
-        .expect("acquire");
-    assert_eq!(redis.command(&["KEYS", "*"]), "tollgate:{geo:eu}");
-    let ttl: i64 = redis
-        .command(&["PTTL", "tollgate:{geo:eu}"])
-        .parse()
-        .expect("ttl");
-    assert!(
-        ttl > 0 && ttl <= 1100 + 100,
-        "expires once full again (+1 s margin): {ttl} ms"
-    );
 }
