@@ -197,7 +197,8 @@ start_tollgate() {
 }
 
 # tollgate_config FILE LISTEN_PORT ADMIN_PORT UPSTREAM_PORT BACKEND [SERVER_TOML [PROVIDERS_TOML]]:
-# the pass-through bucket `pass` plus any extra [server] keys and providers.
+# the pass-through bucket `pass` plus any extra [server] keys and providers (and [store] keys from
+# $STORE_EXTRA).
 tollgate_config() {
   local file=$1 listen=$2 admin=$3 up=$4 backend=$5 server_extra=${6:-} extra=${7:-}
   cat >"$file" <<EOF
@@ -210,6 +211,7 @@ $server_extra
 [store]
 backend = "$backend"
 url = "redis://127.0.0.1:${REDIS_PORT:-6379}/0"
+${STORE_EXTRA:-}
 
 # Pass-through: a rate far above the offered load.
 [providers.pass]
