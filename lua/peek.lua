@@ -1,6 +1,6 @@
 -- peek.lua: tokens of one bucket now, without writing (the same as `BucketState::tokens_at`).
 --
--- KEYS[1]  the bucket hash {tokens, ts, seq} written by acquire.lua
+-- KEYS[1]  the bucket state written by acquire.lua (struct '<dddd': tokens, ts, seq, epoch)
 -- ARGV[1]  rate, tokens per second
 -- ARGV[2]  capacity, tokens
 -- ARGV[3]  now_us: the caller's clock in microseconds; absent, "" or "0" means this server's TIME
@@ -15,11 +15,11 @@ if rate == nil or capacity == nil then
   return redis.error_reply('ERR peek.lua: bad arguments (rate, capacity[, now_us])')
 end
 
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens, ts = tonumber(state[1]), tonumber(state[2])
-if tokens == nil or ts == nil then
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) ~= 'string' or #raw ~= 32 then
   return string.format('%.17g', capacity)
 end
+local tokens, ts = struct.unpack('<dddd', raw)
 
 if now == nil or now <= 0 then
   local t = redis.call('TIME')

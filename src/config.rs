@@ -117,7 +117,7 @@ pub struct StoreConfig {
     pub timeout: Duration,
     /// Whose clock the script uses.
     pub clock: ClockSource,
-    /// Connections each replica keeps to Redis.
+    /// Connections each replica keeps to Redis; concurrent calls share them (pipelined).
     pub pool_size: usize,
 }
 
@@ -763,7 +763,7 @@ fn validate_raw(file: &str, raw: RawConfig) -> Result<Config, (String, String)> 
             &[("redis", ClockSource::Redis), ("local", ClockSource::Local)],
             ClockSource::Redis,
         )?,
-        pool_size: count("store.pool_size", st.pool_size, 16, 1)?,
+        pool_size: count("store.pool_size", st.pool_size, 1, 1)?,
     };
     if store.timeout.is_zero() {
         return Err(("store.timeout".into(), "must be > 0".into()));

@@ -1,19 +1,20 @@
-//! The Redis store: each bucket is one Redis hash (`tollgate:{provider:region}`) shared by every
+//! The Redis store: each bucket is one Redis key (`tollgate:{provider:region}`) shared by every
 //! replica, changed only by the scripts in `lua/` (the math of `bucket.rs`, run atomically in Redis).
 //!
 //! Every operation is exactly one script call (EVALSHA; redis-rs loads the script again when the
-//! server has lost it, after a restart or `SCRIPT FLUSH`). Connections come from a deadpool pool whose
-//! waits are bounded, and every call has a deadline of `store.timeout`: a slow Redis is a down Redis.
-//! Errors are classified transient or not where they are converted.
+//! server has lost it, after a restart or `SCRIPT FLUSH`). Calls share a few multiplexed connections
+//! (`store.pool_size`), handed out in turn: concurrent calls on one connection are pipelined, so
+//! they share its writes and reads, on both sides. Every call has a deadline of `store.timeout`: a
+//! slow Redis is a down Redis. Errors are classified transient or not where they are converted.
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use deadpool::managed::{self, Metrics, Object, PoolConfig, PoolError, RecycleResult, Timeouts};
-use deadpool::Runtime;
+use deadpool::managed::Manager as _;
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use deadpool_redis::redis::{
     self, AsyncConnectionConfig, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind, Value,
@@ -28,7 +29,13 @@ const PEEK_LUA: &str = include_str!("../../lua/peek.lua");
 
 /// Buckets in Redis, shared by every replica that points at the same server.
 pub struct RedisStore {
-    pool: managed::Pool<Manager>,
+    /// Opens connections (deadpool-redis's manager: the URL, TLS, AUTH, redis-rs's own deadlines).
+    manager: deadpool_redis::Manager,
+    lanes: Box<[Lane]>,
+    /// The lane the next call takes (modulo their number).
+    next_lane: AtomicUsize,
+    /// Numbers connections, so that a failed call forgets only the connection it failed on.
+    next_id: AtomicU64,
     acquire: Script,
     give_back: Script,
     peek: Script,
@@ -41,9 +48,45 @@ pub struct RedisStore {
     secrets: Vec<String>,
 }
 
+/// One shared connection slot: empty until first used, and again after its connection failed.
+#[derive(Default)]
+struct Lane {
+    current: Mutex<Option<Shared>>,
+    /// Held while connecting, so that a burst of calls on an empty lane opens one connection.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+/// A connection in a lane; clones share its socket.
+#[derive(Clone)]
+struct Shared {
+    id: u64,
+    conn: MultiplexedConnection,
+}
+
+impl Lane {
+    fn get(&self) -> Option<Shared> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, shared: Shared) {
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Some(shared);
+    }
+
+    /// Empties the lane if it still holds connection `id` (another call may have replaced it).
+    fn forget(&self, id: Option<u64>) {
+        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+        if id.is_none() || current.as_ref().map(|s| s.id) == id {
+            *current = None;
+        }
+    }
+}
+
 impl RedisStore {
-    /// A store on `config.url`. Builds the pool without connecting: Redis need not be up yet, and
-    /// calls fail (transiently) until it is. `clock` is used only with `store.clock = "local"`.
+    /// A store on `config.url`. Connects lazily: Redis need not be up yet, and calls fail
+    /// (transiently) until it is. `clock` is used only with `store.clock = "local"`.
     pub fn connect(config: &StoreConfig, clock: Arc<dyn Clock>) -> Result<RedisStore, StoreError> {
         let url = config.url.to_string();
         let secrets = secrets_of(config.url.expose());
@@ -58,22 +101,15 @@ impl RedisStore {
             .set_response_timeout(Some(config.timeout));
         let manager = deadpool_redis::Manager::new_with_config(config.url.expose(), connection)
             .map_err(|e| fail(format!("not a usable redis URL: {e}")))?;
-        let mut pool_config = PoolConfig::new(config.pool_size);
-        // deadpool waits forever by default; each of these is also inside the call's deadline.
-        pool_config.timeouts = Timeouts {
-            wait: Some(config.timeout),
-            create: Some(config.timeout),
-            recycle: Some(config.timeout),
-        };
-        let pool = managed::Pool::builder(Manager(manager))
-            .config(pool_config)
-            // The pool's timeouts need a runtime to run on; without one they are ignored.
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| fail(format!("cannot build the connection pool: {e}")))?;
+        let lanes = (0..config.pool_size.max(1))
+            .map(|_| Lane::default())
+            .collect();
 
         Ok(RedisStore {
-            pool,
+            manager,
+            lanes,
+            next_lane: AtomicUsize::new(0),
+            next_id: AtomicU64::new(0),
             acquire: Script::new(ACQUIRE_LUA),
             give_back: Script::new(GIVE_BACK_LUA),
             peek: Script::new(PEEK_LUA),
@@ -104,57 +140,64 @@ impl RedisStore {
         }
     }
 
-    fn pool_error(&self, op: &str, e: PoolError<RedisError>) -> StoreError {
-        match e {
-            PoolError::Timeout(which) => self.error(
-                op,
-                true,
-                &format!("no connection within {:?} ({which:?})", self.timeout),
-            ),
-            PoolError::Backend(e) => self.error(op, is_transient(&e), &e.to_string()),
-            PoolError::Closed => self.error(op, false, "the connection pool is closed"),
-            other => self.error(op, false, &other.to_string()),
+    /// The lane's connection, opening one if it has none.
+    async fn connection(&self, op: &str, lane: &Lane) -> Result<Shared, StoreError> {
+        if let Some(shared) = lane.get() {
+            return Ok(shared);
         }
+        let _connecting = lane.connecting.lock().await;
+        // Another call may have connected while this one waited.
+        if let Some(shared) = lane.get() {
+            return Ok(shared);
+        }
+        let conn = self
+            .manager
+            .create()
+            .await
+            .map_err(|e| self.error(op, is_transient(&e), &e.to_string()))?;
+        let shared = Shared {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            conn,
+        };
+        lane.set(shared.clone());
+        Ok(shared)
     }
 
-    /// Runs `call` on a pooled connection within the store's deadline.
+    /// Runs `call` on the next lane's connection within the store's deadline.
     ///
-    /// A connection whose call failed for a reason other than the server's answer is dropped, not
-    /// pooled again. A connection found closed (the server restarted or dropped it while it sat in
-    /// the pool) is retried once on a fresh one, after dropping the pool's other idle connections:
-    /// they went to the same server. That retry can only cost a slot, never add one: if the first
-    /// script did run before the connection broke, its reservation is simply never used.
+    /// A transient failure (the connection, the network, the server's state) empties the lane: the
+    /// next call there opens a fresh connection. A connection found closed (the server restarted or
+    /// dropped it while idle) empties every lane, since they all went to the same server, and the
+    /// call is retried once on a fresh one. That retry can only cost a slot, never add one: if the
+    /// first script did run before the connection broke, its reservation is simply never used.
     async fn run<T, F, Fut>(&self, op: &str, call: F) -> Result<T, StoreError>
     where
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        let lane = &self.lanes[self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len()];
+        // The connection last tried, forgotten if the deadline passes on it: it may be dead without
+        // saying so (a network that drops packets), and must not take every later call down too.
+        let tried = AtomicU64::new(u64::MAX);
         let attempts = async {
             let mut retried = false;
             loop {
-                let mut conn = match self.pool.get().await {
-                    Ok(object) => Checkout::new(object),
-                    Err(e) => return Err(self.pool_error(op, e)),
-                };
-                let Some(connection) = conn.connection() else {
-                    return Err(self.error(op, false, "pooled connection missing"));
-                };
-                match call(connection).await {
-                    Ok(value) => {
-                        conn.healthy = true;
-                        return Ok(value);
-                    }
+                let shared = self.connection(op, lane).await?;
+                tried.store(shared.id, Ordering::Relaxed);
+                match call(shared.conn).await {
+                    Ok(value) => return Ok(value),
                     Err(e) => {
                         let transient = is_transient(&e);
-                        // An error the server answered leaves the connection in step; others may not.
-                        conn.healthy = !transient;
-                        drop(conn);
                         if e.is_connection_dropped() {
-                            self.pool.retain(|_, _| false);
+                            for other in self.lanes.iter() {
+                                other.forget(None);
+                            }
                             if !retried {
                                 retried = true;
                                 continue;
                             }
+                        } else if transient {
+                            lane.forget(Some(shared.id));
                         }
                         return Err(self.error(op, transient, &e.to_string()));
                     }
@@ -163,7 +206,13 @@ impl RedisStore {
         };
         match tokio::time::timeout(self.timeout, attempts).await {
             Ok(result) => result,
-            Err(_) => Err(self.error(op, true, &format!("no answer within {:?}", self.timeout))),
+            Err(_) => {
+                let id = tried.load(Ordering::Relaxed);
+                if id != u64::MAX {
+                    lane.forget(Some(id));
+                }
+                Err(self.error(op, true, &format!("no answer within {:?}", self.timeout)))
+            }
         }
     }
 }
@@ -260,61 +309,6 @@ impl Store for RedisStore {
 
     fn backend(&self) -> &'static str {
         "redis"
-    }
-}
-
-/// deadpool-redis's manager with its recycle check taken out.
-///
-/// deadpool-redis PINGs a connection every time it leaves the pool: a second round trip for every
-/// acquire. Here a connection goes back to the pool only after a call that succeeded on it (see
-/// [`Checkout`]), so there is nothing to check.
-struct Manager(deadpool_redis::Manager);
-
-impl managed::Manager for Manager {
-    type Type = MultiplexedConnection;
-    type Error = RedisError;
-
-    async fn create(&self) -> Result<MultiplexedConnection, RedisError> {
-        managed::Manager::create(&self.0).await
-    }
-
-    async fn recycle(
-        &self,
-        _connection: &mut MultiplexedConnection,
-        _metrics: &Metrics,
-    ) -> RecycleResult<RedisError> {
-        Ok(())
-    }
-}
-
-/// A connection out of the pool. It goes back only if marked healthy; a call that failed, timed out
-/// or was cancelled drops it, so a dead or out-of-step connection is never handed out again.
-struct Checkout {
-    object: Option<Object<Manager>>,
-    healthy: bool,
-}
-
-impl Checkout {
-    fn new(object: Object<Manager>) -> Checkout {
-        Checkout {
-            object: Some(object),
-            healthy: false,
-        }
-    }
-
-    /// A handle on the connection (a clone shares the same socket).
-    fn connection(&self) -> Option<MultiplexedConnection> {
-        self.object.as_deref().cloned()
-    }
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        if !self.healthy {
-            if let Some(object) = self.object.take() {
-                drop(Object::take(object));
-            }
-        }
     }
 }
 
