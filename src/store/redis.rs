@@ -95,10 +95,12 @@ impl RedisStore {
             message: scrub(&format!("redis {url}: {what}"), &secrets),
         };
 
-        // redis-rs's own deadlines match ours, so a dead connection surfaces as a redis error too.
+        // Connecting has redis-rs's deadline too; a call's deadline is only ours (see `run`), which
+        // covers the retry as well: one timer per call, not two (timers are a visible share of the
+        // Redis row's profile, bench/PROFILE.md).
         let connection = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(config.timeout))
-            .set_response_timeout(Some(config.timeout));
+            .set_response_timeout(None);
         let manager = deadpool_redis::Manager::new_with_config(config.url.expose(), connection)
             .map_err(|e| fail(format!("not a usable redis URL: {e}")))?;
         let lanes = (0..config.pool_size.max(1))

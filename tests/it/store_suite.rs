@@ -517,6 +517,101 @@ mod redis_only {
         h.store.ping().await.expect("answers again");
     }
 
+    /// A TCP relay to Redis whose open connections can be made to swallow everything silently (as
+    /// a dropped NAT entry or a dead peer looks), while new connections still go through.
+    struct Relay {
+        port: u16,
+        /// Connections opened before the latest `freeze` forward nothing any more.
+        frozen_before: Arc<AtomicU64>,
+        accepted: Arc<AtomicU64>,
+    }
+
+    impl Relay {
+        async fn start(target: u16) -> Relay {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind relay");
+            let port = listener.local_addr().expect("addr").port();
+            let frozen_before = Arc::new(AtomicU64::new(0));
+            let accepted = Arc::new(AtomicU64::new(0));
+            let (frozen, count) = (frozen_before.clone(), accepted.clone());
+            tokio::spawn(async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
+                        continue;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let (f1, f2) = (frozen.clone(), frozen.clone());
+                    // Each direction copies until frozen; then it reads and drops.
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 4096];
+                        while let Ok(len @ 1..) = cr.read(&mut buf).await {
+                            if n > f1.load(Ordering::SeqCst)
+                                && sw.write_all(&buf[..len]).await.is_err()
+                            {
+                                break;
+                            }
+                        }
+                    });
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 4096];
+                        while let Ok(len @ 1..) = sr.read(&mut buf).await {
+                            if n > f2.load(Ordering::SeqCst)
+                                && cw.write_all(&buf[..len]).await.is_err()
+                            {
+                                break;
+                            }
+                        }
+                    });
+                }
+            });
+            Relay {
+                port,
+                frozen_before,
+                accepted,
+            }
+        }
+
+        /// Every connection open now goes silent.
+        fn freeze(&self) {
+            self.frozen_before
+                .store(self.accepted.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_connection_gone_silent_is_dropped_after_one_deadline_and_replaced() {
+        let redis = RedisServer::start();
+        let relay = Relay::start(redis.port()).await;
+        let clock = ManualClock::at(T0);
+        let store = redis_store(
+            &format!("redis://127.0.0.1:{}/0", relay.port),
+            "local",
+            clock,
+        );
+        let b = bucket("silent", 10.0, 2.0);
+        granted(store.acquire(&b, 1.0, LONG).await);
+        assert_eq!(
+            relay.accepted.load(Ordering::SeqCst),
+            1,
+            "one shared connection"
+        );
+
+        relay.freeze();
+        let started = tokio::time::Instant::now();
+        let e = store.acquire(&b, 1.0, LONG).await.expect_err("silent");
+        assert!(e.transient, "{e}");
+        assert!(started.elapsed() <= TIMEOUT + ms(100), "{e}");
+        // The next call does not wait on the silent connection again: it opens a new one.
+        granted(store.acquire(&b, 1.0, LONG).await);
+        store.ping().await.expect("answers");
+        assert_eq!(relay.accepted.load(Ordering::SeqCst), 2);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn after_a_restart_on_the_same_port_acquires_work_again_without_noscript_errors() {
         let mut h = redis_local();
