@@ -92,7 +92,9 @@ impl UpstreamClient for HttpClient {
             Err(_) => Err(UpstreamError::Timeout(self.timeouts.response)),
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(SendError::Connect(e))) => Err(UpstreamError::Connect(error_chain(&*e))),
-            Ok(Err(SendError::Request(e))) if is_body_error(&e) => {
+            // hyper reports a failure of the body it was sending as a user error; anything else on the
+            // connection (closed early, malformed answer) is the upstream's.
+            Ok(Err(SendError::Request(e))) if e.is_user() => {
                 Err(UpstreamError::RequestBody(error_chain(&e)))
             }
             Ok(Err(SendError::Request(e))) => Err(UpstreamError::Failed(error_chain(&e))),
@@ -101,20 +103,6 @@ impl UpstreamClient for HttpClient {
             )),
         }
     }
-}
-
-/// Whether the failure came from reading the request body we were forwarding (the client's fault).
-fn is_body_error(e: &hyper::Error) -> bool {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = next {
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            if h.is_user() || h.is_parse() || h.is_incomplete_message() {
-                return true;
-            }
-        }
-        next = s.source();
-    }
-    false
 }
 
 /// An error and its sources on one line.

@@ -75,6 +75,20 @@ async fn a_connection_the_upstream_closed_while_idle_is_replaced_transparently()
 }
 
 #[tokio::test]
+async fn an_upstream_hanging_up_without_an_answer_is_a_502_and_not_retried() {
+    let p = RawProvider::start_with(Mode::HangUp).await;
+    let t = Tollgate::start(&format!(
+        "{EPHEMERAL}{}",
+        provider("p", &p.url(), 1000.0, 100.0)
+    ))
+    .await;
+    let a = get(&client(), &t.url("/p/x"), &[]).await;
+    assert_eq!(a.status, 502);
+    assert_eq!(a.json()["error"], "upstream-failed");
+    assert_eq!(p.connections(), 1);
+}
+
+#[tokio::test]
 async fn the_upstream_gets_origin_form_and_its_own_host_in_both_modes() {
     let p = RawProvider::start().await;
     let t = Tollgate::start(&format!(
@@ -116,4 +130,21 @@ async fn the_upstream_gets_origin_form_and_its_own_host_in_both_modes() {
         assert_eq!(r.matches("\r\nhost: ").count(), 1, "{r}");
         assert!(r.contains(&format!("\r\nhost: {authority}\r\n")), "{r}");
     }
+}
+
+#[tokio::test]
+async fn a_request_body_that_breaks_mid_way_is_the_clients_400() {
+    let p = RawProvider::start().await;
+    let t = Tollgate::start(&format!(
+        "{EPHEMERAL}{}",
+        provider("p", &p.url(), 1000.0, 100.0)
+    ))
+    .await;
+    let answer = raw_all(
+        t.proxy,
+        b"POST /p/x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(p.requests().is_empty());
 }

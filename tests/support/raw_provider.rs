@@ -18,6 +18,8 @@ pub enum Mode {
     /// Answers 200 as keep-alive, then closes the idle connection after this long (as an upstream's
     /// keep-alive timeout does).
     IdleClose(Duration),
+    /// Closes without answering.
+    HangUp,
 }
 
 /// A running raw provider; stops on drop.
@@ -74,6 +76,7 @@ impl RawProvider {
                                 .await;
                             tokio::time::sleep(after).await;
                         }
+                        Mode::HangUp => {}
                     }
                 });
             }
