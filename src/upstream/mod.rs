@@ -1,6 +1,8 @@
 //! The upstream seam: send a request to a provider (http or https via rustls) and return its answer,
-//! bodies streamed both ways. Connect and response-header deadlines live here.
+//! bodies streamed both ways. Connect and response-header deadlines live here; connections are kept per
+//! origin in `pool`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -8,12 +10,12 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 pub mod address;
+mod pool;
 
 pub use address::GuardedResolver;
+use pool::{Pool, PoolLimits, SendError};
 
 /// Why an upstream call produced no answer.
 #[derive(Debug, thiserror::Error)]
@@ -48,9 +50,13 @@ pub struct Timeouts {
     pub response: Duration,
 }
 
-/// A pooled hyper client speaking HTTP/1.1 over TCP or rustls (webpki roots).
+/// The connector every upstream connection is made with: TCP (names through [`GuardedResolver`]),
+/// then rustls for https.
+type Connector = HttpsConnector<HttpConnector<GuardedResolver>>;
+
+/// An HTTP/1.1 client over TCP or rustls (webpki roots), with connections pooled per origin.
 pub struct HttpClient {
-    client: Client<HttpsConnector<HttpConnector<GuardedResolver>>, Incoming>,
+    pool: Arc<Pool<Connector, Incoming>>,
     timeouts: Timeouts,
 }
 
@@ -67,40 +73,36 @@ impl HttpClient {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(hyper_util::rt::TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            .build(connector);
-        HttpClient { client, timeouts }
+        let pool = Arc::new(Pool::new(
+            connector,
+            PoolLimits {
+                max_idle: 256,
+                idle_timeout: Duration::from_secs(90),
+            },
+        ));
+        pool.start_sweeping();
+        HttpClient { pool, timeouts }
     }
 }
 
 #[async_trait]
 impl UpstreamClient for HttpClient {
     async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.timeouts.response, self.client.request(req)).await {
+        match tokio::time::timeout(self.timeouts.response, self.pool.send(req)).await {
             Err(_) => Err(UpstreamError::Timeout(self.timeouts.response)),
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Connect(error_chain(&e))),
-            Ok(Err(e)) if is_body_error(&e) => Err(UpstreamError::RequestBody(error_chain(&e))),
-            Ok(Err(e)) => Err(UpstreamError::Failed(error_chain(&e))),
-        }
-    }
-}
-
-/// Whether the failure came from reading the request body we were forwarding (the client's fault).
-fn is_body_error(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut source = e.source();
-    while let Some(s) = source {
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            if h.is_user() || h.is_parse() || h.is_incomplete_message() {
-                return true;
+            Ok(Err(SendError::Connect(e))) => Err(UpstreamError::Connect(error_chain(&*e))),
+            // hyper reports a failure of the body it was sending as a user error; anything else on the
+            // connection (closed early, malformed answer) is the upstream's.
+            Ok(Err(SendError::Request(e))) if e.is_user() => {
+                Err(UpstreamError::RequestBody(error_chain(&e)))
             }
+            Ok(Err(SendError::Request(e))) => Err(UpstreamError::Failed(error_chain(&e))),
+            Ok(Err(SendError::NotAbsolute)) => Err(UpstreamError::Failed(
+                "the request URI has no scheme or authority".into(),
+            )),
         }
-        source = s.source();
     }
-    false
 }
 
 /// An error and its sources on one line.

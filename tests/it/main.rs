@@ -11,3 +11,4 @@ mod hardening;
 mod lifecycle;
 mod properties;
 mod store_suite;
+mod upstream_pool;

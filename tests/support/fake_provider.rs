@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,6 +64,8 @@ struct State {
     breaches: Mutex<u64>,
     /// Released by the test to let `/stream` send its last chunk.
     stream_gate: Notify,
+    /// Connections accepted.
+    connections: AtomicUsize,
 }
 
 /// A running fake provider; stops on drop.
@@ -89,6 +92,7 @@ impl FakeProvider {
             limit,
             breaches: Mutex::new(0),
             stream_gate: Notify::new(),
+            connections: AtomicUsize::new(0),
         });
         let st = state.clone();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -107,6 +111,7 @@ impl FakeProvider {
                             continue;
                         };
                         let _ = stream.set_nodelay(true);
+                        st.connections.fetch_add(1, Ordering::SeqCst);
                         let st = st.clone();
                         tokio::spawn(async move {
                             let svc = service_fn(move |req| answer(st.clone(), req));
@@ -152,6 +157,11 @@ impl FakeProvider {
     /// Arrival times so far.
     pub fn arrival_times(&self) -> Vec<Instant> {
         self.arrivals().iter().map(|a| a.at).collect()
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
     }
 
     /// Arrivals its own limit answered 429.

@@ -1,7 +1,8 @@
-//! A provider that records the exact bytes of each request it receives (one request per connection:
-//! it answers `Connection: close`), for asserting what tollgate puts on the wire.
+//! A provider that records the exact bytes of each request it receives (one request per connection),
+//! for asserting what tollgate puts on the wire and how it treats connections an upstream closes.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,22 +10,42 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+/// What the provider does once it has read a whole request on a connection.
+#[derive(Debug, Clone, Copy)]
+pub enum Mode {
+    /// Answers 200 with `Connection: close` and closes.
+    Close,
+    /// Answers 200 as keep-alive, then closes the idle connection after this long (as an upstream's
+    /// keep-alive timeout does).
+    IdleClose(Duration),
+    /// Closes without answering.
+    HangUp,
+}
+
 /// A running raw provider; stops on drop.
 pub struct RawProvider {
     addr: SocketAddr,
     requests: Arc<Mutex<Vec<Vec<u8>>>>,
+    connections: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
 impl RawProvider {
-    /// Starts on a free loopback port.
+    /// Starts on a free loopback port, answering `Connection: close`.
     pub async fn start() -> RawProvider {
+        RawProvider::start_with(Mode::Close).await
+    }
+
+    /// Starts on a free loopback port, treating connections as `mode` says.
+    pub async fn start_with(mode: Mode) -> RawProvider {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let requests = Arc::new(Mutex::new(Vec::new()));
-        let rec = requests.clone();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let (rec, count) = (requests.clone(), connections.clone());
         let task = tokio::spawn(async move {
             while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
                 let rec = rec.clone();
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
@@ -41,17 +62,29 @@ impl RawProvider {
                     if complete(&buf) {
                         rec.lock().expect("lock").push(buf);
                     }
-                    let _ = s
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-                        )
-                        .await;
+                    match mode {
+                        Mode::Close => {
+                            let _ = s
+                                .write_all(
+                                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                                )
+                                .await;
+                        }
+                        Mode::IdleClose(after) => {
+                            let _ = s
+                                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                                .await;
+                            tokio::time::sleep(after).await;
+                        }
+                        Mode::HangUp => {}
+                    }
                 });
             }
         });
         RawProvider {
             addr,
             requests,
+            connections,
             task,
         }
     }
@@ -59,6 +92,11 @@ impl RawProvider {
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     /// The raw bytes of every complete request so far.
