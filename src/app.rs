@@ -142,32 +142,28 @@ impl App {
 
     /// Serves until `shutdown` resolves, then drains held and in-flight requests for up to
     /// `server.shutdown_grace`. The admin listener answers until the drain is over.
+    ///
+    /// Requests are served by `server.threads` threads, each with its own single-threaded event loop
+    /// accepting from the same listener: a request, its upstream connection and its Redis connection
+    /// then live on one thread, with no wake-ups across threads (bench/PROFILE.md §8). The admin
+    /// listener, signals and background probes stay on the caller's runtime.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) {
         let grace = self.config.server.shutdown_grace;
+        let threads = self.config.server.threads.max(1);
         tracing::info!(
             proxy = %self.proxy_addr(),
             admin = %self.admin_addr(),
             store = self.proxy.gate().store().backend(),
             buckets = self.config.buckets.len(),
+            threads,
             "tollgate is serving"
         );
-        let proxy = self.proxy.clone();
-        let proxy_service = service_fn(move |req| {
-            let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
-        });
         let admin = Arc::new(Admin::new(self.proxy.clone(), self.metrics.clone()));
         let admin_service = service_fn(move |req| {
             let admin = admin.clone();
             async move { Ok::<_, Infallible>(admin.handle(req).await) }
         });
-
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
-        let conn_limits = ConnLimits {
-            max_headers: self.config.server.max_headers,
-            max_header_bytes: self.config.server.max_header_bytes,
-            header_read_timeout: self.config.server.header_read_timeout,
-        };
         let admin_task = tokio::spawn(crate::http::serve(
             self.admin_listener,
             ConnLimits::default(),
@@ -178,18 +174,47 @@ impl App {
             },
             grace,
         ));
-        let drained = crate::http::serve(
-            self.proxy_listener,
-            conn_limits,
-            self.metrics.connections.clone(),
-            proxy_service,
-            async {
-                shutdown.await;
-                tracing::info!(grace = ?grace, "shutting down: no new connections; draining held and in-flight requests");
-            },
-            grace,
-        )
-        .await;
+
+        let conn_limits = ConnLimits {
+            max_headers: self.config.server.max_headers,
+            max_header_bytes: self.config.server.max_header_bytes,
+            header_read_timeout: self.config.server.header_read_timeout,
+        };
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let workers = match self.proxy_listener.into_std() {
+            Ok(listener) => (0..threads)
+                .filter_map(|i| {
+                    spawn_worker(
+                        i,
+                        &listener,
+                        conn_limits,
+                        self.metrics.connections.clone(),
+                        self.proxy.clone(),
+                        stopped.clone(),
+                        grace,
+                    )
+                })
+                .collect(),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot hand the proxy listener to the request threads");
+                Vec::new()
+            }
+        };
+        if workers.len() < threads {
+            tracing::error!(
+                started = workers.len(),
+                threads,
+                "not every request thread started"
+            );
+        }
+
+        shutdown.await;
+        tracing::info!(grace = ?grace, "shutting down: no new connections; draining held and in-flight requests");
+        let _ = stop.send(true);
+        let mut drained = !workers.is_empty();
+        for worker in workers {
+            drained &= worker.await.unwrap_or(false);
+        }
         if drained {
             tracing::info!("drained; exiting");
         } else {
@@ -197,6 +222,76 @@ impl App {
         }
         let _ = admin_stop.send(());
         let _ = admin_task.await;
+    }
+}
+
+/// Starts request thread `index`: a single-threaded runtime serving `listener` (a duplicate of the
+/// shared socket) until `stop` turns true, then draining for up to `grace`. The receiver gets whether
+/// it drained in time; `None` if the thread could not be started.
+fn spawn_worker(
+    index: usize,
+    listener: &std::net::TcpListener,
+    limits: ConnLimits,
+    connections: Gauge,
+    proxy: Arc<Proxy>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    grace: std::time::Duration,
+) -> Option<tokio::sync::oneshot::Receiver<bool>> {
+    let listener = match listener.try_clone() {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(thread = index, error = %e, "cannot share the proxy listener");
+            return None;
+        }
+    };
+    let (done, finished) = tokio::sync::oneshot::channel();
+    let body = move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                tracing::error!(thread = index, error = %e, "cannot start a request thread's runtime");
+                let _ = done.send(false);
+                return;
+            }
+        };
+        let drained = runtime.block_on(async move {
+            let listener = match TcpListener::from_std(listener) {
+                Ok(listener) => listener,
+                Err(e) => {
+                    tracing::error!(thread = index, error = %e, "cannot listen on a request thread");
+                    return false;
+                }
+            };
+            let service = service_fn(move |req| {
+                let proxy = proxy.clone();
+                async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+            });
+            crate::http::serve(
+                listener,
+                limits,
+                connections,
+                service,
+                async move {
+                    let _ = stop.wait_for(|stopped| *stopped).await;
+                },
+                grace,
+            )
+            .await
+        });
+        let _ = done.send(drained);
+    };
+    match std::thread::Builder::new()
+        .name(format!("tollgate-{index}"))
+        .spawn(body)
+    {
+        Ok(_) => Some(finished),
+        Err(e) => {
+            tracing::error!(thread = index, error = %e, "cannot start a request thread");
+            None
+        }
     }
 }
 

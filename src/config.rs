@@ -86,6 +86,8 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// Deadline for a client to send a request's headers, and for an idle keep-alive connection.
     pub header_read_timeout: Duration,
+    /// Threads serving requests, each with its own event loop (default: one per core).
+    pub threads: usize,
 }
 
 /// Which store keeps the buckets.
@@ -117,7 +119,8 @@ pub struct StoreConfig {
     pub timeout: Duration,
     /// Whose clock the script uses.
     pub clock: ClockSource,
-    /// Connections each replica keeps to Redis; concurrent calls share them (pipelined).
+    /// Connections each replica keeps to Redis (default: one per request thread); concurrent calls
+    /// share them, pipelined.
     pub pool_size: usize,
 }
 
@@ -358,6 +361,7 @@ struct RawServer {
     max_headers: Option<i64>,
     max_header_bytes: Option<i64>,
     header_read_timeout: Option<String>,
+    threads: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -714,6 +718,12 @@ fn validate_raw(file: &str, raw: RawConfig) -> Result<Config, (String, String)> 
             s.header_read_timeout.as_deref(),
             Duration::from_secs(30),
         )?,
+        threads: count(
+            "server.threads",
+            s.threads,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            1,
+        )?,
     };
     if server.header_read_timeout.is_zero() {
         return Err(("server.header_read_timeout".into(), "must be > 0".into()));
@@ -763,7 +773,8 @@ fn validate_raw(file: &str, raw: RawConfig) -> Result<Config, (String, String)> 
             &[("redis", ClockSource::Redis), ("local", ClockSource::Local)],
             ClockSource::Redis,
         )?,
-        pool_size: count("store.pool_size", st.pool_size, 1, 1)?,
+        // One connection per request thread: each thread pipelines its calls on its own.
+        pool_size: count("store.pool_size", st.pool_size, server.threads, 1)?,
     };
     if store.timeout.is_zero() {
         return Err(("store.timeout".into(), "must be > 0".into()));

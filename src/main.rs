@@ -36,7 +36,9 @@ enum Command {
     Check,
 }
 
-#[tokio::main]
+// The caller's runtime only loads the config, runs the admin listener, signals and probes: requests are
+// served by `server.threads` single-threaded runtimes of their own (see `App::run`).
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);

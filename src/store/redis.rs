@@ -3,8 +3,8 @@
 //!
 //! Every operation is exactly one script call (EVALSHA; redis-rs loads the script again when the
 //! server has lost it, after a restart or `SCRIPT FLUSH`). Calls share a few multiplexed connections
-//! (`store.pool_size`), handed out in turn: concurrent calls on one connection are pipelined, so
-//! they share its writes and reads, on both sides. Every call has a deadline of `store.timeout`: a
+//! (`store.pool_size`; each thread keeps to one): concurrent calls on one connection are pipelined,
+//! so they share its writes and reads, on both sides. Every call has a deadline of `store.timeout`: a
 //! slow Redis is a down Redis. Errors are classified transient or not where they are converted.
 
 use std::fmt;
@@ -31,9 +31,8 @@ const PEEK_LUA: &str = include_str!("../../lua/peek.lua");
 pub struct RedisStore {
     /// Opens connections (deadpool-redis's manager: the URL, TLS, AUTH, redis-rs's own deadlines).
     manager: deadpool_redis::Manager,
+    /// A thread's calls always take the same lane (see [`thread_index`]).
     lanes: Box<[Lane]>,
-    /// The lane the next call takes (modulo their number).
-    next_lane: AtomicUsize,
     /// Numbers connections, so that a failed call forgets only the connection it failed on.
     next_id: AtomicU64,
     acquire: Script,
@@ -110,7 +109,6 @@ impl RedisStore {
         Ok(RedisStore {
             manager,
             lanes,
-            next_lane: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             acquire: Script::new(ACQUIRE_LUA),
             give_back: Script::new(GIVE_BACK_LUA),
@@ -177,7 +175,7 @@ impl RedisStore {
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let lane = &self.lanes[self.next_lane.fetch_add(1, Ordering::Relaxed) % self.lanes.len()];
+        let lane = &self.lanes[thread_index() % self.lanes.len()];
         // The connection last tried, forgotten if the deadline passes on it: it may be dead without
         // saying so (a network that drops packets), and must not take every later call down too.
         let tried = AtomicU64::new(u64::MAX);
@@ -312,6 +310,17 @@ impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         "redis"
     }
+}
+
+/// A small number for the calling thread, fixed for its life: a connection's task runs on the
+/// runtime that opened it, so a thread that keeps to one lane wakes no other thread per call
+/// (tollgate serves from one single-threaded runtime per core).
+fn thread_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    INDEX.with(|i| *i)
 }
 
 /// Whether a later retry of a call that failed with `e` may succeed: the connection, the network or

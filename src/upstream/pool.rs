@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -40,6 +41,11 @@ pub enum SendError {
 /// Scheme and authority: connections are shared only within one.
 type Origin = (Scheme, Authority);
 
+/// Where a connection is kept: per origin and per thread. A connection's task runs on the runtime
+/// that opened it; keeping it for that thread's requests spares a wake-up across threads each time
+/// (tollgate serves from one single-threaded runtime per core).
+type Key = (ThreadId, Origin);
+
 /// A pooled sender and when it was put back.
 struct Pooled<B> {
     sender: SendRequest<B>,
@@ -58,7 +64,7 @@ impl<B> Pooled<B> {
 pub struct Pool<C, B> {
     connector: C,
     limits: PoolLimits,
-    origins: RwLock<HashMap<Origin, Mutex<Vec<Pooled<B>>>>>,
+    origins: RwLock<HashMap<Key, Mutex<Vec<Pooled<B>>>>>,
 }
 
 impl<C, B> Pool<C, B>
@@ -82,11 +88,11 @@ where
 
     /// Sends `req` (absolute URI) in origin form and returns the response with its body streaming.
     pub async fn send(&self, mut req: Request<B>) -> Result<Response<Incoming>, SendError> {
-        let origin = take_origin(&mut req)?;
-        if let Some(mut sender) = self.checkout(&origin) {
+        let key = (std::thread::current().id(), take_origin(&mut req)?);
+        if let Some(mut sender) = self.checkout(&key) {
             match sender.try_send_request(req).await {
                 Ok(resp) => {
-                    self.checkin(origin, sender);
+                    self.checkin(key, sender);
                     return Ok(resp);
                 }
                 // Handed back unwritten: the upstream closed the connection as we picked it.
@@ -96,16 +102,16 @@ where
                 },
             }
         }
-        let mut sender = self.connect(&origin).await?;
+        let mut sender = self.connect(&key.1).await?;
         let resp = sender.send_request(req).await.map_err(SendError::Request)?;
-        self.checkin(origin, sender);
+        self.checkin(key, sender);
         Ok(resp)
     }
 
-    /// The newest ready sender for `origin`, dropping closed and expired ones on the way.
-    fn checkout(&self, origin: &Origin) -> Option<SendRequest<B>> {
+    /// The newest ready sender for `key`, dropping closed and expired ones on the way.
+    fn checkout(&self, key: &Key) -> Option<SendRequest<B>> {
         let origins = self.origins.read().unwrap_or_else(PoisonError::into_inner);
-        let mut pooled = lock(origins.get(origin)?);
+        let mut pooled = lock(origins.get(key)?);
         let now = Instant::now();
         let mut i = pooled.len();
         while i > 0 {
@@ -122,20 +128,20 @@ where
     }
 
     /// Puts a sender back, unless the origin keeps its maximum already.
-    fn checkin(&self, origin: Origin, sender: SendRequest<B>) {
+    fn checkin(&self, key: Key, sender: SendRequest<B>) {
         let p = Pooled {
             sender,
             since: Instant::now(),
         };
         {
             let origins = self.origins.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(pooled) = origins.get(&origin) {
+            if let Some(pooled) = origins.get(&key) {
                 push(&mut lock(pooled), p, self.limits.max_idle);
                 return;
             }
         }
         let mut origins = self.origins.write().unwrap_or_else(PoisonError::into_inner);
-        let pooled = origins.entry(origin).or_default();
+        let pooled = origins.entry(key).or_default();
         push(&mut lock(pooled), p, self.limits.max_idle);
     }
 
@@ -192,16 +198,19 @@ where
         });
     }
 
-    /// Senders kept for `origin` (ready or still streaming).
+    /// Senders kept for `origin` by every thread (ready or still streaming).
     #[cfg(test)]
     pub fn pooled(&self, origin: &Uri) -> usize {
         let (Some(scheme), Some(authority)) = (origin.scheme(), origin.authority()) else {
             return 0;
         };
         let origins = self.origins.read().unwrap_or_else(PoisonError::into_inner);
+        let origin = (scheme.clone(), authority.clone());
         origins
-            .get(&(scheme.clone(), authority.clone()))
-            .map_or(0, |p| lock(p).len())
+            .iter()
+            .filter(|((_, o), _)| *o == origin)
+            .map(|(_, p)| lock(p).len())
+            .sum()
     }
 }
 
