@@ -9,6 +9,7 @@
 //! A request finds its bucket (`route`), reserves a slot in one store call and waits for it (`gate`),
 //! goes upstream (`upstream`) and comes back with `X-Tollgate-*` headers (`http`).
 
+pub mod affinity;
 pub mod app;
 pub mod config;
 pub mod gate;

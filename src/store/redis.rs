@@ -9,7 +9,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use deadpool_redis::redis::{
 };
 
 use super::{Bucket, Clock, Decision, Grant, Refusal, Store, StoreError};
+use crate::affinity::thread_index;
 use crate::config::{ClockSource, StoreConfig};
 
 const ACQUIRE_LUA: &str = include_str!("../../lua/acquire.lua");
@@ -31,7 +32,7 @@ const PEEK_LUA: &str = include_str!("../../lua/peek.lua");
 pub struct RedisStore {
     /// Opens connections (deadpool-redis's manager: the URL, TLS, AUTH, redis-rs's own deadlines).
     manager: deadpool_redis::Manager,
-    /// A thread's calls always take the same lane (see [`thread_index`]).
+    /// A thread's calls always take the same lane (see [`crate::affinity`]).
     lanes: Box<[Lane]>,
     /// Numbers connections, so that a failed call forgets only the connection it failed on.
     next_id: AtomicU64,
@@ -310,17 +311,6 @@ impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         "redis"
     }
-}
-
-/// A small number for the calling thread, fixed for its life: a connection's task runs on the
-/// runtime that opened it, so a thread that keeps to one lane wakes no other thread per call
-/// (tollgate serves from one single-threaded runtime per core).
-fn thread_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    INDEX.with(|i| *i)
 }
 
 /// Whether a later retry of a call that failed with `e` may succeed: the connection, the network or

@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::future::poll_fn;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
-use std::thread::ThreadId;
 use std::time::Duration;
 
 use http::uri::{Authority, PathAndQuery, Scheme};
@@ -14,6 +13,8 @@ use http::{HeaderValue, Request, Response, Uri};
 use hyper::body::{Body, Incoming};
 use hyper::client::conn::http1::{self, SendRequest};
 use tokio::time::Instant;
+
+use crate::affinity::thread_index;
 
 /// A boxed error from a connector or body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -41,10 +42,8 @@ pub enum SendError {
 /// Scheme and authority: connections are shared only within one.
 type Origin = (Scheme, Authority);
 
-/// Where a connection is kept: per origin and per thread. A connection's task runs on the runtime
-/// that opened it; keeping it for that thread's requests spares a wake-up across threads each time
-/// (tollgate serves from one single-threaded runtime per core).
-type Key = (ThreadId, Origin);
+/// Where a connection is kept: per request thread (see [`crate::affinity`]) and origin.
+type Key = (usize, Origin);
 
 /// A pooled sender and when it was put back.
 struct Pooled<B> {
@@ -88,7 +87,7 @@ where
 
     /// Sends `req` (absolute URI) in origin form and returns the response with its body streaming.
     pub async fn send(&self, mut req: Request<B>) -> Result<Response<Incoming>, SendError> {
-        let key = (std::thread::current().id(), take_origin(&mut req)?);
+        let key = (thread_index(), take_origin(&mut req)?);
         if let Some(mut sender) = self.checkout(&key) {
             match sender.try_send_request(req).await {
                 Ok(resp) => {
