@@ -30,7 +30,7 @@ const PEEK_LUA: &str = include_str!("../../lua/peek.lua");
 
 /// Buckets in Redis, shared by every replica that points at the same server.
 pub struct RedisStore {
-    /// Opens connections (deadpool-redis's manager: the URL, TLS, AUTH, redis-rs's own deadlines).
+    /// Opens connections (deadpool-redis's manager: the URL, TLS, AUTH and the connect deadline).
     manager: deadpool_redis::Manager,
     /// A thread's calls always take the same lane (see [`crate::affinity`]).
     lanes: Box<[Lane]>,
